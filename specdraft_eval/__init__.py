@@ -1,0 +1,30 @@
+"""specdraft-eval: lossless speculative decoding for lm-evaluation-harness.
+
+Public API (imported lazily so that the ``.pth`` hook costs nothing at start-up)::
+
+    from specdraft_eval import load_target, load_draft, speculative_generate
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "load_target": "specdraft_eval.targets",
+    "load_draft": "specdraft_eval.drafts",
+    "speculative_generate": "specdraft_eval.engine",
+    "autoregressive_generate": "specdraft_eval.engine",
+    "GenerationStats": "specdraft_eval.stats",
+    "SpecdecError": "specdraft_eval.errors",
+}
+
+__all__ = [*_EXPORTS, "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'specdraft_eval' has no attribute {name!r}")

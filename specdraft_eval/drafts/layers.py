@@ -1,0 +1,94 @@
+"""``layers:0-3,29``: a depth-pruned view of the target that shares its weights (self-speculative).
+
+The view is a shallow copy of the target whose decoder-layer list holds only the kept layers (the same
+parameter tensors, no copy), relabelled 0..k-1 so that they index their own KV cache.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from specdraft_eval.drafts.model import ModelDrafter
+from specdraft_eval.errors import SpecdecError
+
+
+def parse_layers(spec: str, depth: int) -> list[int]:
+    """``"0-3,29"`` (or ``"0-3+29"``, which needs no quoting in model_args) -> ``[0, 1, 2, 3, 29]``."""
+    layers: list[int] = []
+    for part in spec.replace("+", ",").split(","):
+        part = part.strip()
+        try:
+            if "-" in part:
+                lo, hi = (int(x) for x in part.split("-", 1))
+                layers.extend(range(lo, hi + 1))
+            else:
+                layers.append(int(part))
+        except ValueError:
+            raise SpecdecError(f"bad layer list {spec!r}: use indices and ranges such as layers:0-3,29") from None
+    if not layers:
+        raise SpecdecError("empty layer list: use e.g. layers:0-3,29")
+    bad = [i for i in layers if not 0 <= i < depth]
+    if bad:
+        raise SpecdecError(f"layer {bad[0]} is out of range: the target has layers 0-{depth - 1}")
+    if len(set(layers)) != len(layers) or layers != sorted(layers):
+        raise SpecdecError(f"layer list {spec!r} must be increasing without repeats, e.g. layers:0-3,29")
+    return layers
+
+
+def _decoder_path(model: torch.nn.Module, depth: int) -> list[str]:
+    """Attribute path from ``model`` to its ModuleList of ``depth`` decoder layers."""
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) == depth and name:
+            return name.split(".")
+    raise SpecdecError(f"cannot find the decoder layers of {type(model).__name__}: use a separate draft model instead")
+
+
+def _shallow(module: torch.nn.Module) -> torch.nn.Module:
+    """A new module object sharing parameters and children but with its own child table."""
+    clone = copy.copy(module)
+    clone._modules = dict(module._modules)
+    return clone
+
+
+def layer_view(target: torch.nn.Module, layers: list[int]) -> torch.nn.Module:
+    """A model that runs only ``layers`` of ``target`` (then its final norm and head)."""
+    depth = target.config.num_hidden_layers
+    config = copy.deepcopy(target.config)
+    config.num_hidden_layers = len(layers)
+    if getattr(config, "layer_types", None):
+        config.layer_types = [target.config.layer_types[i] for i in layers]
+    path = _decoder_path(target, depth)
+    root = _shallow(target)
+    parent = root
+    for attr in path[:-1]:
+        child = _shallow(getattr(parent, attr))
+        parent._modules[attr] = child
+        parent = child
+    for module in {root, parent}:
+        if hasattr(module, "config"):
+            module.config = config
+    originals = getattr(parent, path[-1])
+    relabelled = []
+    for new_idx, old_idx in enumerate(layers):
+        layer = _shallow(originals[old_idx])
+        for name, child in list(layer._modules.items()):
+            if hasattr(child, "layer_idx"):
+                child = _shallow(child)
+                child.layer_idx = new_idx
+                layer._modules[name] = child
+        if hasattr(layer, "layer_idx"):
+            layer.layer_idx = new_idx
+        relabelled.append(layer)
+    parent._modules[path[-1]] = torch.nn.ModuleList(relabelled)
+    return root
+
+
+def build(arg: str | None, target, tokenizer) -> ModelDrafter:
+    """Entry point for ``layers:SPEC``."""
+    if not arg:
+        raise SpecdecError("layers needs a list: e.g. draft=layers:0-3,29")
+    layers = parse_layers(arg, target.config.num_hidden_layers)
+    spec = ",".join(str(i) for i in layers)
+    return ModelDrafter(layer_view(target, layers), f"layers:{spec}", target.config.vocab_size)

