@@ -1,0 +1,110 @@
+"""Speculative sampling follows the target's (warped) distribution: chi-square tests on a tiny model."""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from conftest import tiny_llama
+from specdraft_eval import speculative_generate
+from specdraft_eval.drafts.model import ModelDrafter
+from specdraft_eval.drafts.prompt_lookup import PromptLookupDrafter
+from specdraft_eval.sampling import Sampler
+
+VOCAB = 8
+PROMPT = [3, 1, 4, 1, 5, 1]  # repeats give prompt lookup something to propose
+SAMPLES = 2000
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(seed=0, vocab=VOCAB)
+
+
+def exact_joint(target, sampler: Sampler) -> dict[tuple[int, ...], float]:
+    """The target's exact probability of every 3-token continuation, marginalised to (x1, x2) and x3."""
+    with torch.inference_mode():
+        def dist(tokens):
+            return sampler.probs(target(torch.tensor([tokens])).logits[0, -1:])[0]
+
+        p1 = dist(PROMPT)
+        joint12, marginal3 = {}, torch.zeros(VOCAB)
+        for a, b in itertools.product(range(VOCAB), repeat=2):
+            pab = float(p1[a]) * float(dist(PROMPT + [a])[b])
+            joint12[(a, b)] = pab
+            marginal3 += pab * dist(PROMPT + [a, b])
+    return {**joint12, **{(c,): float(marginal3[c]) for c in range(VOCAB)}}
+
+
+def chi2_pvalue(observed: Counter, expected: dict, keys: list, n: int) -> float:
+    """Chi-square goodness of fit, pooling cells with fewer than 5 expected counts."""
+    obs, exp, pool_o, pool_e = [], [], 0.0, 0.0
+    for key in keys:
+        e = expected[key] * n
+        if e < 5:
+            pool_o, pool_e = pool_o + observed[key], pool_e + e
+        else:
+            obs.append(observed[key])
+            exp.append(e)
+    if pool_e > 0:
+        obs.append(pool_o)
+        exp.append(pool_e)
+    scale = sum(obs) / sum(exp)
+    return float(chisquare(obs, [e * scale for e in exp]).pvalue)
+
+
+def fit(samples: list[list[int]], expected: dict) -> tuple[float, float]:
+    pairs = Counter(tuple(s[:2]) for s in samples)
+    thirds = Counter((s[2],) for s in samples)
+    keys12 = [k for k in expected if len(k) == 2]
+    keys3 = [k for k in expected if len(k) == 1]
+    return chi2_pvalue(pairs, expected, keys12, len(samples)), chi2_pvalue(thirds, expected, keys3, len(samples))
+
+
+SETTINGS = [
+    {"temperature": 1.0},
+    {"temperature": 0.7, "top_k": 5},
+    {"temperature": 1.3, "top_p": 0.8},
+]
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
+@pytest.mark.parametrize("draft_kind", ["model", "prompt-lookup"])
+def test_emitted_tokens_follow_target_distribution(target, setting, draft_kind):
+    draft = ModelDrafter(tiny_llama(seed=7, vocab=VOCAB, layers=1), "d", VOCAB) if draft_kind == "model" else PromptLookupDrafter()
+    expected = exact_joint(target, Sampler(True, **setting))
+    samples, drafted, accepted = [], 0, 0
+    for seed in range(SAMPLES):
+        out, stats = speculative_generate(target, draft, PROMPT, 3, num_draft_tokens=3, do_sample=True, seed=seed, **setting)
+        samples.append(out)
+        drafted, accepted = drafted + stats.draft_tokens, accepted + stats.accepted_tokens
+    assert 0 < accepted < drafted  # both acceptance and rejection paths were exercised
+    p12, p3 = fit(samples, expected)
+    assert p12 > 1e-3 and p3 > 1e-3, (p12, p3)
+
+
+def test_the_test_rejects_the_draft_distribution(target):
+    """Negative control: samples from the draft alone must fail the same fit."""
+    draft_model = tiny_llama(seed=7, vocab=VOCAB, layers=1)
+    expected = exact_joint(target, Sampler(True))
+    samples = []
+    for seed in range(SAMPLES):
+        gen = torch.Generator().manual_seed(seed)
+        tokens = list(PROMPT)
+        with torch.inference_mode():
+            for _ in range(3):
+                probs = torch.softmax(draft_model(torch.tensor([tokens])).logits[0, -1], -1)
+                tokens.append(int(torch.multinomial(probs, 1, generator=gen)))
+        samples.append(tokens[len(PROMPT) :])
+    p12, p3 = fit(samples, expected)
+    assert min(p12, p3) < 1e-6
+
+
+def test_seeded_sampling_is_reproducible(target):
+    draft = PromptLookupDrafter()
+    runs = [speculative_generate(target, draft, PROMPT, 12, do_sample=True, seed=42)[0] for _ in range(2)]
+    assert runs[0] == runs[1]
