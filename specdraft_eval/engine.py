@@ -42,6 +42,16 @@ def _prompt_list(input_ids) -> list[int]:
     return prompt
 
 
+def _check_context(target, prompt: list[int], max_new_tokens: int) -> list[int]:
+    limit = getattr(target.config, "max_position_embeddings", None)
+    if limit is not None and len(prompt) + max_new_tokens > limit:
+        raise SpecdecError(
+            f"prompt of {len(prompt)} tokens plus max_new_tokens={max_new_tokens} exceeds the target's context of "
+            f"{limit} tokens: shorten the prompt or generate fewer tokens"
+        )
+    return prompt
+
+
 def _eos_ids(target, eos_token_id: int | Sequence[int] | None) -> set[int]:
     if eos_token_id is None:
         eos_token_id = getattr(target.generation_config, "eos_token_id", None)
@@ -118,7 +128,7 @@ def speculative_generate(
         raise SpecdecError(f"num_draft_tokens must be an integer >= 1 (got {num_draft_tokens!r})")
     if max_new_tokens < 0:
         raise SpecdecError(f"max_new_tokens must be >= 0 (got {max_new_tokens})")
-    prompt = _prompt_list(input_ids)
+    prompt = _check_context(target, _prompt_list(input_ids), max_new_tokens)
     sampler = Sampler(do_sample, temperature, top_k, top_p, make_generator(seed, target.device))
     eos = _eos_ids(target, eos_token_id)
     stats = GenerationStats(generations=1)
@@ -173,7 +183,7 @@ def autoregressive_generate(
     stop: StopCheck | None = None,
 ) -> tuple[list[int], GenerationStats]:
     """Plain token-by-token decoding through the same cache and timing path (the speedup baseline)."""
-    prompt = _prompt_list(input_ids)
+    prompt = _check_context(target, _prompt_list(input_ids), max_new_tokens)
     sampler = Sampler(do_sample, temperature, top_k, top_p, make_generator(seed, target.device))
     eos = _eos_ids(target, eos_token_id)
     stats = GenerationStats()

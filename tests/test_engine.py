@@ -98,3 +98,8 @@ def test_bad_arguments_raise_one_line_errors(target, kwargs, message):
 def test_empty_prompt_is_an_error(target):
     with pytest.raises(SpecdecError, match="empty prompt"):
         speculative_generate(target, PromptLookupDrafter(), torch.zeros(1, 0, dtype=torch.long), 5)
+
+
+def test_prompt_longer_than_context_is_an_error(target):
+    with pytest.raises(SpecdecError, match="exceeds the target's context of 512 tokens"):
+        speculative_generate(target, PromptLookupDrafter(), torch.zeros(1, 510, dtype=torch.long), 5)

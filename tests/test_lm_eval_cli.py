@@ -1,0 +1,82 @@
+"""The stock ``lm_eval`` console script runs ``--model specdec`` losslessly on the real SmolLM2 target."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+from specdraft_eval.targets import resolve
+
+pytestmark = pytest.mark.slow
+TASKS = ["specdec_humaneval", "specdec_mmlu_cot"]
+LIMIT = "4"
+COMMON = ["--include_path", "tasks", "--tasks", *TASKS, "--limit", LIMIT, "--confirm_run_unsafe_code",
+          "--gen_kwargs", "max_gen_toks=48", "--log_samples"]
+SPECDEC_KEYS = {
+    "target", "draft", "num_draft_tokens", "steps", "draft_tokens", "accepted_tokens", "generated_tokens", "tar",
+    "mean_accepted_length", "acceptance_rate", "draft_ms_per_token", "verify_ms_per_step", "tokens_per_second",
+    "baseline_tokens_per_second", "speedup", "predicted_tokens_per_second", "per_task",
+}
+
+
+def evaluate(out: Path, model: str, model_args: str, *extra: str) -> tuple[dict, dict[str, list]]:
+    """Run lm_eval; return the results JSON and each task's samples ordered by doc id."""
+    done = run_cli("lm_eval", "--model", model, "--model_args", model_args, "--output_path", str(out), *COMMON, *extra)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(next(out.rglob("results_*.json")).read_text())
+    samples = {}
+    for task in TASKS:
+        lines = next(out.rglob(f"samples_{task}_*.jsonl")).read_text().splitlines()
+        samples[task] = sorted((json.loads(l) for l in lines), key=lambda s: s["doc_id"])
+    return results, samples
+
+
+@pytest.fixture(scope="module")
+def hf_run(tmp_path_factory):
+    source = resolve("smollm2-135m-instruct")
+    return evaluate(tmp_path_factory.mktemp("hf"), "hf", f"pretrained={source.path},gguf_file={source.gguf_file}", "--device", "cpu")
+
+
+def test_specdec_is_registered_next_to_lm_evals_own_models():
+    code = "from lm_eval.api.registry import get_model; print(get_model('specdec').__name__, get_model('hf').__name__)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.stdout.split() == ["SpecDecLM", "HFLM"], done.stderr
+
+
+@pytest.mark.parametrize("draft", ["prompt-lookup", "layers:0-3+29"])
+def test_greedy_output_identical_to_hf(hf_run, tmp_path, draft):
+    hf_results, hf_samples = hf_run
+    results, samples = evaluate(
+        tmp_path, "specdec", f"pretrained=smollm2-135m-instruct,draft={draft},num_draft_tokens=3,baseline=true"
+    )
+    for task in TASKS:
+        assert [s["resps"] for s in samples[task]] == [s["resps"] for s in hf_samples[task]]
+        assert results["results"][task] == hf_results["results"][task]
+    block = results["config"]["specdec"]
+    assert SPECDEC_KEYS <= set(block)
+    assert set(block["per_task"]) == set(TASKS)
+    assert block["baseline_mismatches"] == 0
+    assert block["generated_tokens"] > 0 and block["speedup"] > 0
+    assert block["tar"] == pytest.approx(block["mean_accepted_length"] - 1)
+
+
+@pytest.mark.parametrize(
+    "model_args,message",
+    [
+        ("pretrained=smollm2-135m-instruct,draft=no-such-draft", "specdec: error: draft 'no-such-draft': unknown model"),
+        ("pretrained=smollm2-135m-instruct,num_draft_tokens=0", "specdec: error: model_args num_draft_tokens=0 must be >= 1"),
+        ("pretrained=no-such-target", "specdec: error: unknown model 'no-such-target'"),
+        ("pretrained=smollm2-135m-instruct,baseline=maybe", "is not a boolean"),
+    ],
+)
+def test_bad_model_args_get_one_line_errors(tmp_path, model_args, message):
+    done = run_cli("lm_eval", "--model", "specdec", "--model_args", model_args, "--include_path", "tasks",
+                   "--tasks", "specdec_mmlu_cot", "--limit", "1", "--output_path", str(tmp_path))
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr
+    assert message in done.stderr.strip().splitlines()[-1]
