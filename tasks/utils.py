@@ -42,7 +42,7 @@ def load_mmlu_cot(**_metadata) -> datasets.DatasetDict:
         header, *examples = text.split("\n\nQ: ")
         for i, example in enumerate(examples):
             question, _, worked = example.partition("\n" + COT_CUE)
-            shots = [f"Q: {e}" for j, e in enumerate(examples) if j != i]
+            shots = [f"Q: {e.strip()}" for j, e in enumerate(examples) if j != i]
             prompt = "\n\n".join([header.strip(), *shots, f"Q: {question}\n{COT_CUE}"])
             docs.append(
                 {
