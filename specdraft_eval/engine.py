@@ -60,6 +60,15 @@ def _eos_ids(target, eos_token_id: int | Sequence[int] | None) -> set[int]:
     return {int(eos_token_id)} if isinstance(eos_token_id, int) else {int(t) for t in eos_token_id}
 
 
+def _setup(target, input_ids, max_new_tokens, do_sample, temperature, top_k, top_p, seed, eos_token_id):
+    """Validate a request; return its prompt tokens, sampler and EOS ids."""
+    if max_new_tokens < 0:
+        raise SpecdecError(f"max_new_tokens must be >= 0 (got {max_new_tokens})")
+    prompt = _check_context(target, _prompt_list(input_ids), max_new_tokens)
+    sampler = Sampler(do_sample, temperature, top_k, top_p, make_generator(seed, target.device))
+    return prompt, sampler, _eos_ids(target, eos_token_id)
+
+
 def _verify(logits: torch.Tensor, proposal: Proposal, sampler: Sampler) -> tuple[int, int]:
     """Return (accepted draft tokens, the target's next token after them)."""
     drafted = proposal.tokens
@@ -126,11 +135,7 @@ def speculative_generate(
     """
     if not isinstance(num_draft_tokens, int) or isinstance(num_draft_tokens, bool) or num_draft_tokens < 1:
         raise SpecdecError(f"num_draft_tokens must be an integer >= 1 (got {num_draft_tokens!r})")
-    if max_new_tokens < 0:
-        raise SpecdecError(f"max_new_tokens must be >= 0 (got {max_new_tokens})")
-    prompt = _check_context(target, _prompt_list(input_ids), max_new_tokens)
-    sampler = Sampler(do_sample, temperature, top_k, top_p, make_generator(seed, target.device))
-    eos = _eos_ids(target, eos_token_id)
+    prompt, sampler, eos = _setup(target, input_ids, max_new_tokens, do_sample, temperature, top_k, top_p, seed, eos_token_id)
     stats = GenerationStats(generations=1)
     if max_new_tokens == 0:
         return [], stats
@@ -183,9 +188,7 @@ def autoregressive_generate(
     stop: StopCheck | None = None,
 ) -> tuple[list[int], GenerationStats]:
     """Plain token-by-token decoding through the same cache and timing path (the speedup baseline)."""
-    prompt = _check_context(target, _prompt_list(input_ids), max_new_tokens)
-    sampler = Sampler(do_sample, temperature, top_k, top_p, make_generator(seed, target.device))
-    eos = _eos_ids(target, eos_token_id)
+    prompt, sampler, eos = _setup(target, input_ids, max_new_tokens, do_sample, temperature, top_k, top_p, seed, eos_token_id)
     stats = GenerationStats()
     if max_new_tokens <= 0:
         return [], stats
