@@ -1,0 +1,50 @@
+"""The catalog of known drafts (``catalog.json``), grouped by the target family whose tokenizer they share."""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+from specdraft_eval.errors import SpecdecError
+
+CATALOG = Path(__file__).with_name("catalog.json")
+
+
+@lru_cache(maxsize=1)
+def load() -> dict:
+    return json.loads(CATALOG.read_text())
+
+
+def family_of(target: str) -> str | None:
+    """The family whose name patterns match ``target`` (an alias, hub id or path), if any."""
+    lowered = target.lower()
+    for family, entry in load()["families"].items():
+        if any(pattern in lowered for pattern in entry["match"]):
+            return family
+    return None
+
+
+def entries(target: str | None = None) -> list[dict]:
+    """Catalog drafts (with their family), only those for ``target``'s family when given."""
+    families = load()["families"]
+    if target is not None:
+        family = family_of(target)
+        if family is None:
+            known = ", ".join(sorted(families))
+            raise SpecdecError(f"no catalog family matches target {target!r}: known families are {known}")
+        families = {family: families[family]}
+    return [{"family": name, **draft} for name, entry in families.items() for draft in entry["drafts"]]
+
+
+def find(name: str) -> dict | None:
+    """The catalog entry named ``name`` or with hub id ``name``."""
+    for entry in entries():
+        if name in (entry["name"], entry["hub_id"]):
+            return entry
+    return None
+
+
+def kv_bytes_per_token(layers: int, hidden_size: int, heads: int, kv_heads: int, dtype_bytes: int = 2) -> int:
+    """Keys and values of one token over all layers."""
+    return 2 * layers * kv_heads * (hidden_size // heads) * dtype_bytes

@@ -1,0 +1,205 @@
+"""The ``zoo`` command: list, pull, prune, profile and rank drafts for a target."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from tabulate import tabulate
+
+from specdraft_eval.errors import SpecdecError, one_line
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="The draft zoo: find, build, profile and rank speculative-decoding drafts for a target.")
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of a table.")]
+TargetOpt = Annotated[str, typer.Option("--target", "-t", help="Target model: alias, directory, .gguf or hub id.")]
+GammaOpt = Annotated[str, typer.Option("--gamma", help="Comma-separated γ values (draft tokens per step).")]
+
+
+def cli_errors(fn):
+    """Bad input and interruptions end with one line on stderr and a non-zero exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except SpecdecError as exc:
+            typer.echo(one_line(exc).replace("specdec:", "zoo:", 1), err=True)
+            raise typer.Exit(1) from None
+        except KeyboardInterrupt:
+            typer.echo("zoo: interrupted; nothing was left half-written", err=True)
+            raise typer.Exit(130) from None
+
+    return wrapper
+
+
+def parse_gammas(text: str) -> list[int]:
+    try:
+        gammas = sorted({int(g) for g in text.split(",") if g.strip()})
+    except ValueError:
+        raise SpecdecError(f"bad --gamma {text!r}: use integers >= 1 such as 1,2,4,8") from None
+    if not gammas or gammas[0] < 1:
+        raise SpecdecError(f"bad --gamma {text!r}: use integers >= 1 such as 1,2,4,8")
+    return gammas
+
+
+def emit(rows: list[dict] | dict, as_json: bool, headers: list[str] | None = None, floatfmt: str = ".3g") -> None:
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2, sort_keys=True))
+        return
+    rows = rows if isinstance(rows, list) else [rows]
+    keys = headers or list(rows[0])
+    typer.echo(tabulate([[r.get(k) for k in keys] for r in rows], headers=keys, tablefmt="github",
+                        floatfmt=floatfmt, missingval="-"))
+
+
+def progress():
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                    transient=True, console=None)
+
+
+@app.command("list")
+@cli_errors
+def list_drafts(
+    target: Annotated[Optional[str], typer.Option("--target", "-t", help="Only drafts whose tokenizer fits this target.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Show the catalog of known drafts, by target family, with the training-free kinds."""
+    from zoo import catalog
+
+    rows = catalog.entries(target)
+    free = [{"name": d["name"], "family": "any", "source": d["source"]} for d in catalog.load()["training_free"]]
+    if as_json:
+        emit({"drafts": rows, "training_free": free}, True)
+        return
+    emit(rows, False, ["name", "family", "hub_id", "parameters_m", "layers", "hidden_size", "heads", "licence", "source"])
+    typer.echo("")
+    emit(free, False, ["name", "family", "source"])
+
+
+@app.command()
+@cli_errors
+def pull(
+    name: Annotated[str, typer.Argument(help="Catalog name or hub id (org/name).")],
+    revision: Annotated[Optional[str], typer.Option(help="Branch, tag or commit.")] = None,
+    target: Annotated[Optional[str], typer.Option("--target", "-t", help="Check the draft's tokenizer against this target.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Download a draft into the Hugging Face cache (resumable; offline: answer from the cache)."""
+    from zoo.pull import pull as do_pull
+
+    result = do_pull(name, revision, target)
+    emit(result, as_json)
+
+
+@app.command()
+@cli_errors
+def prune(
+    model: Annotated[str, typer.Argument(help="Model to prune: the target itself or a larger draft.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="New directory for the draft (must not exist).")],
+    layers: Annotated[Optional[int], typer.Option("--layers", "-n", help="Number of decoder layers to keep.")] = None,
+    keep: Annotated[Optional[str], typer.Option("--keep", help="Exact layers to keep, e.g. 0,1,2,3,29 or 0-3,29.")] = None,
+    select: Annotated[str, typer.Option(help="With --layers: first, uniform or block-influence (ShortGPT).")] = "first",
+    calibration: Annotated[Optional[str], typer.Option(help="Calibration/distillation text: a file, a bundled task "
+                                                       "(specdec_humaneval, specdec_mmlu_cot) or literal text.")] = None,
+    distill_tokens: Annotated[int, typer.Option(help="Distil from the source model on this many tokens (0: no).")] = 0,
+    on_policy: Annotated[bool, typer.Option(help="Distil on text the source model generates itself (slower).")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Build a depth-pruned draft (optionally distilled) as a normal HF model directory."""
+    from specdraft_eval.targets import load_target
+    from zoo import prune as pruning
+
+    pruning.check_out(out)
+    if distill_tokens < 0:
+        raise SpecdecError(f"--distill-tokens {distill_tokens} must be >= 0")
+    source, tokenizer = load_target(model)
+    texts = pruning.calibration_texts(calibration)
+    kept = pruning.resolve_keep(source, tokenizer, layers, keep, select, texts)
+    draft = pruning.build_pruned(source, kept)
+    meta = {"source": model, "kept_layers": kept, "select": select if keep is None else "explicit",
+            "calibration": calibration or pruning.DEFAULT_CALIBRATION, "distill_tokens": distill_tokens,
+            "on_policy": on_policy, "source_layers": source.config.num_hidden_layers}
+    if distill_tokens:
+        if on_policy:
+            texts = pruning.on_policy_texts(source, tokenizer, texts, distill_tokens)
+        with progress() as bar:
+            task = bar.add_task("distilling", total=distill_tokens)
+            meta["distillation"] = pruning.distill(draft, source, tokenizer, texts, distill_tokens,
+                                                   on_step=lambda n: bar.advance(task, n))
+    pruning.save_atomically(draft, tokenizer, out, meta)
+    emit({"out": str(out), **{k: meta[k] for k in ("kept_layers", "select", "distill_tokens")},
+          **({"kl_first": meta["distillation"]["kl_first"], "kl_last": meta["distillation"]["kl_last"]}
+             if distill_tokens else {})}, as_json)
+
+
+@app.command()
+@cli_errors
+def profile(
+    target: TargetOpt = "smollm2-135m-instruct",
+    drafts: Annotated[Optional[list[str]], typer.Option("--drafts", "-d", help="Drafts to time (repeat the option).")] = None,
+    gamma: GammaOpt = "1,2,4,8",
+    context: Annotated[int, typer.Option(help="Context length (tokens) at which to time.")] = 256,
+    repeats: Annotated[int, typer.Option(help="Timed repeats per figure; medians are reported.")] = 9,
+    out: Annotated[Optional[Path], typer.Option(help="Profile file (default: in the cache, reused by rank).")] = None,
+    sweep: Annotated[bool, typer.Option(help="Instead: latency vs depth and width of random-weight models.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Measure t_target, t_verify(γ) and each draft's t_draft on this machine; write a profile for rank."""
+    from zoo import profile as prof
+
+    if sweep:
+        emit(prof.width_depth_sweep(repeats), as_json)
+        return
+    from specdraft_eval.targets import load_target
+
+    model, tokenizer = load_target(target)
+    data = prof.measure_and_write(model, tokenizer, target, drafts or ["prompt-lookup"], parse_gammas(gamma), context,
+                                  repeats, out)
+    if as_json:
+        emit(data, True)
+        return
+    typer.echo(f"target {target} on {data['hardware']}: {data['t_target_ms']:.2f} ms/token autoregressive")
+    emit([{"gamma": g, "t_verify_ms": ms} for g, ms in data["t_verify_ms"].items()], False)
+    emit([{"draft": d, **figures} for d, figures in data["drafts"].items()], False)
+    typer.echo(f"profile written to {data['path']}")
+
+
+@app.command()
+@cli_errors
+def rank(
+    target: TargetOpt = "smollm2-135m-instruct",
+    gpu: Annotated[str, typer.Option(help="'this' (measure this machine) or a GPU name: "
+                                     "a100-40gb, a100-80gb, h100, h200, l4, a10g, rtx-4090, cpu.")] = "this",
+    task: Annotated[str, typer.Option(help="Task whose TAR to use or measure.")] = "specdec_humaneval",
+    measure: Annotated[int, typer.Option(help="Measure TAR on this many prompts of the task (0: results only).")] = 0,
+    drafts: Annotated[Optional[list[str]], typer.Option("--drafts", "-d", help="Drafts to rank (repeat); default: "
+                                                         "prompt-lookup, a 5-layer view, local catalog drafts.")] = None,
+    gamma: GammaOpt = "1,2,4,8",
+    results: Annotated[Optional[list[Path]], typer.Option(help="Results folders to read TAR from.")] = None,
+    max_new_tokens: Annotated[int, typer.Option(help="Tokens per measured generation.")] = 64,
+    as_json: JsonOpt = False,
+) -> None:
+    """Rank drafts for a target and a GPU by predicted tokens/s (analytical model, measured TAR)."""
+    from zoo.ranking_run import run_rank
+
+    rows = run_rank(target, gpu, task, measure, drafts, parse_gammas(gamma),
+                    results or [Path("leaderboard")], max_new_tokens)
+    emit(rows, as_json, ["draft", "predicted_tokens_per_second", "measured_tokens_per_second", "speedup",
+                         "best_gamma", "tar", "draft_ms_per_token", "kv_bytes_per_token", "tar_source",
+                         "latency_source"])
+
+
+def main() -> None:  # pragma: no cover - console entry
+    app()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,178 @@
+"""``zoo prune``: depth-pruned drafts (the founding paper's design space), optionally distilled.
+
+Layer choice: ``first`` N layers, ``uniform`` spacing, or ``block-influence`` (ShortGPT: keep the layers
+whose removal would change hidden states most, BI = 1 - cos(h_in, h_out) on calibration text).
+Distillation minimises KL(target || draft) on the logits, on calibration text or on text the target
+generated itself (``on_policy``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from specdraft_eval.drafts.layers import layer_view, parse_layers
+from specdraft_eval.errors import SpecdecError
+from specdraft_eval.offline_data import humaneval_problems, mmlu_cot_docs, task_prompts
+
+SELECTIONS = ("first", "uniform", "block-influence")
+DEFAULT_CALIBRATION = "default"
+HELD_OUT = {"specdec_humaneval": 40, "specdec_mmlu_cot": 80}
+
+
+def calibration_texts(spec: str | None) -> list[str]:
+    """Calibration text: a file, a bundled task's prompts, literal text, or the default held-in split.
+
+    The default (humaneval[40:] solutions + mmlu_cot[80:] worked answers) holds out the first 40 and 80
+    documents: what ``lm_eval --limit`` and ``zoo rank --measure`` evaluate on.
+    """
+    if spec in (None, DEFAULT_CALIBRATION):
+        return [p["prompt"] + p["canonical_solution"] for p in humaneval_problems()[HELD_OUT["specdec_humaneval"]:]] + [
+            f"Q: {d['question']}\n{d['worked_answer']}" for d in mmlu_cot_docs()[HELD_OUT["specdec_mmlu_cot"]:]
+        ]
+    if spec.startswith("specdec_"):
+        return task_prompts(spec)
+    if os.path.sep in spec or spec.endswith((".txt", ".md", ".jsonl")):
+        try:
+            text = Path(spec).read_text(encoding="utf-8", errors="replace")
+        except OSError as exc:
+            raise SpecdecError(f"cannot read calibration file {spec}: {exc.strerror or exc}; give a readable text file") from None
+        if not text.strip():
+            raise SpecdecError(f"calibration file {spec} is empty: give text to calibrate on")
+        return [text]
+    return [spec]
+
+
+def _windows(tokenizer, texts: list[str], length: int, budget: int) -> list[list[int]]:
+    """Token windows of ``length`` from ``texts`` until ``budget`` tokens."""
+    ids = [t for text in texts for t in tokenizer(text + "\n\n").input_ids]
+    windows = [ids[i : i + length] for i in range(0, max(len(ids) - length + 1, 1), length)]
+    count = max(1, -(-budget // length))
+    while len(windows) < count and windows:  # recycle text when the budget exceeds it
+        windows += windows[: count - len(windows)]
+    return windows[:count]
+
+
+@torch.inference_mode()
+def block_influence(model, tokenizer, texts: list[str], max_tokens: int = 2048) -> list[float]:
+    """ShortGPT block influence of each decoder layer on calibration text."""
+    scores = torch.zeros(model.config.num_hidden_layers)
+    windows = _windows(tokenizer, texts, 256, max_tokens)
+    for window in windows:
+        hidden = model(torch.tensor([window]), output_hidden_states=True).hidden_states
+        for i in range(len(scores)):
+            cos = torch.nn.functional.cosine_similarity(hidden[i][0], hidden[i + 1][0], dim=-1)
+            scores[i] += float((1 - cos).mean())
+    return (scores / len(windows)).tolist()
+
+
+def select_layers(model, tokenizer, layers: int, select: str, texts: list[str]) -> list[int]:
+    depth = model.config.num_hidden_layers
+    if not 1 <= layers <= depth:
+        raise SpecdecError(f"--layers {layers} is outside 1..{depth}, the model's depth")
+    if select == "first":
+        return list(range(layers))
+    if select == "uniform":
+        return sorted({round(i * (depth - 1) / max(layers - 1, 1)) for i in range(layers)})
+    if select == "block-influence":
+        scores = block_influence(model, tokenizer, texts)
+        return sorted(sorted(range(depth), key=lambda i: -scores[i])[:layers])
+    raise SpecdecError(f"unknown --select {select!r}: use one of {', '.join(SELECTIONS)}")
+
+
+def build_pruned(model, keep: list[int]):
+    """An independent model holding copies of the kept layers (and embeddings, norm and head)."""
+    from transformers import AutoModelForCausalLM
+
+    view = layer_view(model, keep)
+    config = view.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    pruned = AutoModelForCausalLM.from_config(config)
+    pruned.load_state_dict({k: v.clone() for k, v in view.state_dict().items()})
+    pruned.generation_config = model.generation_config
+    return pruned.eval()
+
+
+def on_policy_texts(target, tokenizer, prompts: list[str], budget: int, new_tokens: int = 96) -> list[str]:
+    """Prompts followed by the target's own greedy continuations, until ``budget`` tokens."""
+    texts, used = [], 0
+    for prompt in prompts:
+        ids = tokenizer(prompt, return_tensors="pt").input_ids[:, -384:]
+        out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False)
+        texts.append(tokenizer.decode(out[0], skip_special_tokens=True))
+        used += out.shape[1]
+        if used >= budget:
+            break
+    return texts
+
+
+def distill(draft, target, tokenizer, texts: list[str], tokens: int, on_step=None, seq_len: int = 256,
+            batch: int = 4, lr: float = 3e-4) -> dict:
+    """Train the draft's decoder layers and final norm to match the target's next-token distributions."""
+    trainable = [p for n, p in draft.named_parameters() if ".layers." in n or n.endswith("norm.weight")]
+    for p in draft.parameters():
+        p.requires_grad_(False)
+    for p in trainable:
+        p.requires_grad_(True)
+    optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=0.0)
+    windows = _windows(tokenizer, texts, seq_len, tokens)
+    losses = []
+    draft.train()
+    for start in range(0, len(windows), batch):
+        chunk = windows[start : start + batch]
+        width = min(len(w) for w in chunk)
+        ids = torch.tensor([w[:width] for w in chunk])
+        with torch.inference_mode():
+            teacher = torch.log_softmax(target(ids).logits.float(), -1)
+        student = torch.log_softmax(draft(ids).logits.float(), -1)
+        loss = torch.nn.functional.kl_div(student, teacher.clone(), log_target=True, reduction="batchmean") / width
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.detach()))
+        if on_step:
+            on_step(ids.numel())
+    draft.eval()
+    for p in draft.parameters():
+        p.requires_grad_(False)
+    return {"kl_first": losses[0], "kl_last": losses[-1], "steps": len(losses), "tokens": sum(len(w) for w in windows)}
+
+
+def save_atomically(model, tokenizer, out: Path, meta: dict) -> None:
+    """Write a normal HF model directory plus ``zoo.json``; nothing appears at ``out`` until complete."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "zoo.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def resolve_keep(model, tokenizer, layers: int | None, keep: str | None, select: str, texts: list[str]) -> list[int]:
+    if (layers is None) == (keep is None):
+        raise SpecdecError("give exactly one of --layers N or --keep 0,1,2,3,29")
+    if keep is not None:
+        return parse_layers(keep, model.config.num_hidden_layers)
+    return select_layers(model, tokenizer, layers, select, texts)
+
+
+def check_out(out: Path) -> None:
+    if out.exists():
+        raise SpecdecError(f"output directory {out} exists: choose a new --out or remove it")
+
+
+def timed(fn, *args, **kwargs):
+    start = time.perf_counter()
+    result = fn(*args, **kwargs)
+    return result, time.perf_counter() - start

@@ -1,0 +1,42 @@
+"""``zoo pull``: download a draft into the Hugging Face cache with huggingface_hub."""
+
+from __future__ import annotations
+
+import os
+
+from specdraft_eval.errors import SpecdecError
+from zoo import catalog
+
+
+def pull(name: str, revision: str | None = None, target: str | None = None) -> dict:
+    """Download (or, offline, find in the cache) ``name``; check its tokenizer against ``target``."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
+
+    entry = catalog.find(name)
+    repo_id = entry["hub_id"] if entry else name
+    if "/" not in repo_id:
+        raise SpecdecError(f"unknown draft {name!r}: give a catalog name (`zoo list`) or a hub id such as org/name")
+    try:
+        path = snapshot_download(repo_id, revision=revision)
+    except (RepositoryNotFoundError, RevisionNotFoundError) as exc:
+        raise SpecdecError(f"{repo_id}{'@' + revision if revision else ''} is not on the hub: check the name and revision") from exc
+    except LocalEntryNotFoundError as exc:
+        offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false")
+        why = "HF_HUB_OFFLINE is set" if offline else "the hub cannot be reached"
+        raise SpecdecError(f"{repo_id} is not in the Hugging Face cache and {why}: pull it where the hub is reachable") from exc
+    except HFValidationError as exc:
+        raise SpecdecError(f"bad hub id {repo_id!r}: use org/name") from exc
+    except OSError as exc:
+        raise SpecdecError(f"cannot download {repo_id}: {exc}") from exc
+    result = {"draft": repo_id, "path": path, "revision": revision or "main", "tokenizer_check": "skipped"}
+    if target is not None:
+        from transformers import AutoTokenizer
+
+        from specdraft_eval.drafts import check_tokenizers
+        from specdraft_eval.targets import load_target
+
+        _, target_tokenizer = load_target(target)
+        check_tokenizers(target_tokenizer, AutoTokenizer.from_pretrained(path), repo_id)
+        result["tokenizer_check"] = f"matches {target}"
+    return result
