@@ -28,6 +28,7 @@ class Candidate:
     tar: dict[int, float] = field(default_factory=dict)
     tar_source: str = "missing"
     measured_tps: dict[int, float] = field(default_factory=dict)
+    t_verify_ms: dict[int, float] = field(default_factory=dict)  # measured in this draft's own runs, per γ
 
 
 def model_kv_bytes(model) -> int:
@@ -70,10 +71,11 @@ def rank(candidates: list[Candidate], t_target_ms: float, t_verify_ms: dict[int,
     rows = []
     for c in candidates:
         best = None
+        verify = {**t_verify_ms, **c.t_verify_ms}
         for gamma, tar in c.tar.items():
-            if gamma not in t_verify_ms:
+            if gamma not in verify:
                 continue
-            tps = predicted_tokens_per_second(tar, gamma, c.t_draft_ms / 1000, t_verify_ms[gamma] / 1000)
+            tps = predicted_tokens_per_second(tar, gamma, c.t_draft_ms / 1000, verify[gamma] / 1000)
             if best is None or tps > best[1]:
                 best = (gamma, tps)
         rows.append(

@@ -64,8 +64,15 @@ def run_rank(target_name: str, gpu: str, task: str, n_measure: int, drafts: list
         candidate.tar, candidate.tar_source = tar_from_results(results, target_name, task, drafter.name)
         if prompts:
             stats = measure(target, drafter, prompts, gammas, max_new_tokens)
-            candidate.tar = {g: s.summary()["tar"] for g, s in stats.items()}
-            candidate.measured_tps = {g: s.summary()["tokens_per_second"] for g, s in stats.items()}
+            summaries = {g: s.summary() for g, s in stats.items()}
+            candidate.tar = {g: s["tar"] for g, s in summaries.items()}
+            candidate.measured_tps = {g: s["tokens_per_second"] for g, s in summaries.items()}
             candidate.tar_source = f"measured ({len(prompts)} prompts)"
+            if accelerator is None:  # this machine: the runs' own latencies beat the profile's
+                candidate.t_verify_ms = {g: s["verify_ms_per_step"] for g, s in summaries.items()}
+                drafted = sum(s.draft_tokens for s in stats.values())
+                if drafted:
+                    candidate.t_draft_ms = sum(s.draft_seconds for s in stats.values()) / drafted * 1000
+                candidate.draft_source = "measured"
         candidates.append(candidate)
     return rank(candidates, t_target, {g: t_verify[g] for g in gammas if g in t_verify})

@@ -1,0 +1,132 @@
+"""The real ``zoo`` command on tiny random-weight models (and the catalog)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli, save_tiny
+from specdraft_eval import load_draft, load_target
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    return save_tiny(tmp_path_factory.mktemp("zoo") / "target", layers=4)
+
+
+def zoo_json(*args: str, env: dict | None = None):
+    done = run_cli("zoo", *args, "--json", env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+def assert_one_line_error(done, message: str) -> None:
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr
+    errors = [line for line in done.stderr.splitlines() if "error" in line.lower()]
+    last = done.stderr.strip().splitlines()[-1]
+    assert errors == [last] and last.startswith("zoo: error:") and message in last, done.stderr
+
+
+def test_list_catalog():
+    data = zoo_json("list")
+    families = {d["family"] for d in data["drafts"]}
+    assert {"llama2", "llama3", "vicuna", "opt", "qwen2.5", "smollm2", "gemma2"} <= families
+    assert {d["name"] for d in data["training_free"]} == {"prompt-lookup", "layers:SPEC"}
+    only = zoo_json("list", "--target", "meta-llama/Llama-3.1-8B-Instruct")["drafts"]
+    assert {d["family"] for d in only} == {"llama3"}
+    table = run_cli("zoo", "list", "--target", "smollm2-135m-instruct")
+    assert table.returncode == 0 and "HuggingFaceTB/SmolLM2-360M-Instruct" in table.stdout
+
+
+def test_prune_writes_a_loadable_draft(tiny, tmp_path):
+    out = tmp_path / "d2"
+    result = zoo_json("prune", str(tiny), "--layers", "2", "--select", "uniform", "--out", str(out))
+    assert result["kept_layers"] == [0, 3]
+    meta = json.loads((out / "zoo.json").read_text())
+    assert meta["kept_layers"] == [0, 3] and meta["source_layers"] == 4
+    target, tokenizer = load_target(str(tiny))
+    draft = load_draft(str(out), target, tokenizer)
+    assert draft.model.config.num_hidden_layers == 2
+
+
+def test_prune_block_influence_and_distillation_lower_the_kl(tiny, tmp_path):
+    result = zoo_json("prune", str(tiny), "--layers", "2", "--select", "block-influence", "--calibration",
+                      "specdec_humaneval", "--distill-tokens", "2048", "--out", str(tmp_path / "d"))
+    assert len(result["kept_layers"]) == 2
+    assert result["kl_last"] < result["kl_first"]
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--layers", "9"], "--layers 9 is outside 1..4"),
+        (["--layers", "0"], "--layers 0 is outside 1..4"),
+        (["--keep", "0,7"], "layer 7 is out of range"),
+        ([], "give exactly one of --layers N or --keep"),
+        (["--layers", "2", "--calibration", "/no/such/file.txt"], "cannot read calibration file /no/such/file.txt"),
+    ],
+)
+def test_prune_bad_input(tiny, tmp_path, args, message):
+    out = tmp_path / "never"
+    assert_one_line_error(run_cli("zoo", "prune", str(tiny), *args, "--out", str(out)), message)
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_prune_refuses_existing_output_and_unknown_model(tiny, tmp_path):
+    assert_one_line_error(run_cli("zoo", "prune", str(tiny), "--layers", "1", "--out", str(tmp_path)), "exists")
+    assert_one_line_error(run_cli("zoo", "prune", "no-such-model", "--layers", "1", "--out", str(tmp_path / "x")),
+                          "unknown model 'no-such-model'")
+
+
+def test_profile_writes_a_profile(tiny, tmp_path):
+    path = tmp_path / "profile.json"
+    data = zoo_json("profile", "--target", str(tiny), "--drafts", "prompt-lookup", "--drafts", "layers:0-1",
+                    "--gamma", "1,2", "--repeats", "2", "--context", "16", "--out", str(path))
+    saved = json.loads(path.read_text())
+    assert saved["t_target_ms"] > 0 and set(saved["t_verify_ms"]) == {"1", "2"}
+    assert set(saved["drafts"]) == {"prompt-lookup:3", "layers:0,1"}
+    assert data["drafts"]["layers:0,1"]["kv_bytes_per_token"] > 0
+
+
+def test_profile_sweep_covers_depth_and_width():
+    rows = zoo_json("profile", "--sweep", "--repeats", "1")
+    assert {r["group"] for r in rows} == {"equal params", "depth", "width"}
+    assert all(r["ms_per_token"] > 0 for r in rows)
+
+
+@pytest.mark.parametrize("gpu", ["h100", "this"])
+def test_rank_measures_and_orders(tiny, gpu, tmp_path):
+    rows = zoo_json("rank", "--target", str(tiny), "--gpu", gpu, "--drafts", "prompt-lookup", "--drafts", "layers:0-1",
+                    "--measure", "2", "--gamma", "1,2", "--max-new-tokens", "8", env={"SPECDRAFT_EVAL_CACHE": str(tmp_path)})
+    assert [r["draft"] for r in rows] != [] and len(rows) == 2
+    predicted = [r["predicted_tokens_per_second"] for r in rows]
+    assert predicted == sorted(predicted, reverse=True)
+    assert all(r["tar_source"] == "measured (2 prompts)" for r in rows)
+    assert all(r["best_gamma"] in (1, 2) for r in rows)
+    if gpu == "h100":
+        assert rows[-1]["latency_source"].startswith("estimate") or rows[0]["latency_source"].startswith("estimate")
+
+
+def test_rank_bad_gpu_and_gamma(tiny):
+    assert_one_line_error(run_cli("zoo", "rank", "--target", str(tiny), "--gpu", "tpu9"), "unknown GPU 'tpu9'")
+    assert_one_line_error(run_cli("zoo", "rank", "--target", str(tiny), "--gamma", "0,2"), "bad --gamma")
+
+
+def _hub_cache(root: Path) -> Path:
+    snapshot = root / "models--acme--tiny" / "snapshots" / ("b" * 40)
+    save_tiny(snapshot)
+    (root / "models--acme--tiny" / "refs").mkdir()
+    (root / "models--acme--tiny" / "refs" / "main").write_text("b" * 40)
+    return snapshot
+
+
+def test_pull_offline_answers_from_cache_and_checks_tokenizer(tiny, tmp_path):
+    snapshot = _hub_cache(tmp_path)
+    env = {"HF_HUB_CACHE": str(tmp_path), "HF_HUB_OFFLINE": "1"}
+    result = zoo_json("pull", "acme/tiny", "--target", str(tiny), env=env)
+    assert Path(result["path"]) == snapshot and result["tokenizer_check"] == f"matches {tiny}"
+    assert_one_line_error(run_cli("zoo", "pull", "acme/absent", env=env), "not in the Hugging Face cache and HF_HUB_OFFLINE is set")
+    assert_one_line_error(run_cli("zoo", "pull", "nonsense", env=env), "unknown draft 'nonsense'")
