@@ -179,6 +179,7 @@ class SpecDecLM(HFLM):
             self.device,
             dict(self._stats),
             self._baseline_mismatches,
+            getattr(self._drafter, "model", None),
         )
 
     def get_model_info(self) -> dict:

@@ -56,6 +56,7 @@ def specdec_block(
     device,
     per_task: dict[str, GenerationStats],
     baseline_mismatches: int = 0,
+    draft_model=None,
 ) -> dict:
     """Everything a results file records about speculative decoding for one run."""
     total = sum(per_task.values(), GenerationStats())
@@ -65,6 +66,8 @@ def specdec_block(
         "draft": draft,
         "num_draft_tokens": num_draft_tokens,
         "dynamic_gamma": dynamic_gamma,
+        "draft_parameters_m": sum(p.numel() for p in draft_model.parameters()) / 1e6 if draft_model is not None else 0.0,
+        "draft_layers": draft_model.config.num_hidden_layers if draft_model is not None else 0,
         "hardware": hardware(device),
         "versions": {p: _version(p) for p in ("specdraft-eval", "lm-eval", "torch", "transformers")},
         "generations": total.generations,

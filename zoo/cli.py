@@ -121,7 +121,8 @@ def prune(
     if distill_tokens < 0:
         raise SpecdecError(f"--distill-tokens {distill_tokens} must be >= 0")
     source, tokenizer = load_target(model)
-    texts = pruning.calibration_texts(calibration)
+    needs_text = bool(distill_tokens) or (select == "block-influence" and keep is None)
+    texts = pruning.calibration_texts(calibration) if calibration or needs_text else []
     kept = pruning.resolve_keep(source, tokenizer, layers, keep, select, texts)
     draft = pruning.build_pruned(source, kept)
     meta = {"source": model, "kept_layers": kept, "select": select if keep is None else "explicit",
@@ -195,6 +196,27 @@ def rank(
     emit(rows, as_json, ["draft", "predicted_tokens_per_second", "measured_tokens_per_second", "speedup",
                          "best_gamma", "tar", "draft_ms_per_token", "kv_bytes_per_token", "tar_source",
                          "latency_source"])
+
+
+@app.command()
+@cli_errors
+def leaderboard(
+    results: Annotated[list[Path], typer.Argument(help="Results folders (lm_eval --output_path) or files.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for README.md, leaderboard.csv, index.html, PNGs.")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Build the leaderboard (markdown, CSV, sortable HTML, plots) from specdec results files."""
+    import warnings
+
+    from zoo import leaderboard as board
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rows = board.collect(list(results))
+    for w in caught:
+        typer.echo(f"zoo: warning: {w.message}", err=True)
+    written = board.write(rows, out)
+    emit({"rows": len(rows), "files": [str(p) for p in written]}, as_json)
 
 
 def main() -> None:  # pragma: no cover - console entry
