@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import json
-import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -219,9 +218,5 @@ def leaderboard(
     emit({"rows": len(rows), "files": [str(p) for p in written]}, as_json)
 
 
-def main() -> None:  # pragma: no cover - console entry
-    app()
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    app()

@@ -164,20 +164,22 @@ def plots(rows: list[dict], folder: Path) -> None:
     import matplotlib.pyplot as plt
 
     accuracy = {(r["target"], r["task"]): r["accuracy"] for r in rows}
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
-    for row in rows:
+    targets = sorted({r["target"] for r in rows}, key=lambda t: (-sum(r["target"] == t for r in rows), t))
+    main = [r for r in rows if r["target"] == targets[0]]  # the target most results are for
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
+    for row in main:
         if row["draft_ms_per_token"] is not None and row["tokens_per_second"] is not None:
             ax.scatter(row["draft_ms_per_token"], row["tokens_per_second"])
             ax.annotate(f"{row['draft']} ({row['task'].removeprefix('specdec_')})",
                         (row["draft_ms_per_token"], row["tokens_per_second"]), fontsize=6)
     ax.set_xlabel("draft ms per token")
     ax.set_ylabel("tokens/s")
-    ax.set_title("Throughput against draft latency")
+    ax.set_title(f"Throughput against draft latency: {targets[0]}")
     fig.tight_layout()
     fig.savefig(folder / "tokens_per_second_vs_draft_ms.png", metadata={"Software": None})
     plt.close(fig)
     fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
-    known = [(accuracy[(r["draft"], r["task"])], r["tar"], r) for r in rows
+    known = [(accuracy[(r["draft"], r["task"])], r["tar"], r) for r in main
              if (r["draft"], r["task"]) in accuracy and r["tar"] is not None]
     for acc, tar, row in known:
         ax.scatter(acc, tar)
@@ -187,7 +189,7 @@ def plots(rows: list[dict], folder: Path) -> None:
                 ha="center", va="center", transform=ax.transAxes)
     ax.set_xlabel("draft's own task accuracy")
     ax.set_ylabel("TAR")
-    ax.set_title("TAR against draft accuracy")
+    ax.set_title(f"TAR against the draft's own accuracy: {targets[0]}")
     fig.tight_layout()
     fig.savefig(folder / "tar_vs_draft_accuracy.png", metadata={"Software": None})
     plt.close(fig)

@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -171,8 +170,3 @@ def check_out(out: Path) -> None:
     if out.exists():
         raise SpecdecError(f"output directory {out} exists: choose a new --out or remove it")
 
-
-def timed(fn, *args, **kwargs):
-    start = time.perf_counter()
-    result = fn(*args, **kwargs)
-    return result, time.perf_counter() - start
