@@ -23,6 +23,7 @@ def drafts(target):
         "layers": ModelDrafter(layer_view(target, [0, 3]), "layers:0,3", 64),
         "other-model": ModelDrafter(tiny_llama(seed=1, layers=2), "other", 64),
         "self": ModelDrafter(target, "self", 64),
+        "reduced-head": ModelDrafter(tiny_llama(seed=1, layers=2), "reduced", 64, token_ids=list(range(0, 64, 2))),
     }
 
 
@@ -32,7 +33,7 @@ def hf_greedy(model, prompt: torch.Tensor, n: int) -> list[int]:
     return out[0, prompt.shape[1] :].tolist()
 
 
-@pytest.mark.parametrize("name", ["prompt-lookup", "layers", "other-model", "self"])
+@pytest.mark.parametrize("name", ["prompt-lookup", "layers", "other-model", "self", "reduced-head"])
 @pytest.mark.parametrize("gamma,dynamic", [(1, False), (3, False), (5, True)])
 def test_greedy_matches_transformers_generate(target, name, gamma, dynamic):
     draft = drafts(target)[name]
@@ -103,3 +104,16 @@ def test_empty_prompt_is_an_error(target):
 def test_prompt_longer_than_context_is_an_error(target):
     with pytest.raises(SpecdecError, match="exceeds the target's context of 512 tokens"):
         speculative_generate(target, PromptLookupDrafter(), torch.zeros(1, 510, dtype=torch.long), 5)
+
+
+def test_reduced_head_proposes_only_its_tokens():
+    draft = ModelDrafter(tiny_llama(seed=1, layers=2), "reduced", 64, token_ids=[5, 7, 9])
+    from specdraft_eval.sampling import Sampler
+
+    assert set(draft.propose(list(range(10)), 6, Sampler()).tokens) <= {5, 7, 9}
+    proposal = draft.propose(list(range(10)), 3, Sampler(True, generator=torch.Generator().manual_seed(0)))
+    assert proposal.probs.shape == (3, 64)
+    assert torch.allclose(proposal.probs.sum(-1), torch.ones(3))
+    assert float(proposal.probs[:, [i for i in range(64) if i not in (5, 7, 9)]].sum()) == 0.0
+    with pytest.raises(SpecdecError, match="must lie in 0..63"):
+        ModelDrafter(tiny_llama(seed=1, layers=2), "bad", 64, token_ids=[70])

@@ -73,9 +73,14 @@ SETTINGS = [
 
 
 @pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
-@pytest.mark.parametrize("draft_kind", ["model", "prompt-lookup"])
+@pytest.mark.parametrize("draft_kind", ["model", "reduced-head", "prompt-lookup"])
 def test_emitted_tokens_follow_target_distribution(target, setting, draft_kind):
-    draft = ModelDrafter(tiny_llama(seed=7, vocab=VOCAB, layers=1), "d", VOCAB) if draft_kind == "model" else PromptLookupDrafter()
+    drafts = {
+        "model": lambda: ModelDrafter(tiny_llama(seed=7, vocab=VOCAB, layers=1), "d", VOCAB),
+        "reduced-head": lambda: ModelDrafter(tiny_llama(seed=7, vocab=VOCAB, layers=1), "r", VOCAB, [0, 1, 3, 4, 6]),
+        "prompt-lookup": PromptLookupDrafter,
+    }
+    draft = drafts[draft_kind]()
     expected = exact_joint(target, Sampler(True, **setting))
     samples, drafted, accepted = [], 0, 0
     for seed in range(SAMPLES):

@@ -52,6 +52,18 @@ def test_prune_writes_a_loadable_draft(tiny, tmp_path):
     assert draft.model.config.num_hidden_layers == 2
 
 
+def test_prune_vocab_top_gives_a_reduced_head(tiny, tmp_path):
+    out = tmp_path / "small-head"
+    result = zoo_json("prune", str(tiny), "--layers", "1", "--vocab-top", "5", "--calibration", "w1 w2 w2 w3 w3 w3 w9",
+                      "--out", str(out))
+    assert result["vocab_top"] == 5
+    ids = json.loads((out / "draft_vocab.json").read_text())
+    target, tokenizer = load_target(str(tiny))
+    assert set(tokenizer.convert_tokens_to_ids(["w1", "w2", "w3"])) <= set(ids)
+    draft = load_draft(str(out), target, tokenizer)
+    assert draft.model.lm_head.out_features == len(ids)
+
+
 def test_prune_block_influence_and_distillation_lower_the_kl(tiny, tmp_path):
     result = zoo_json("prune", str(tiny), "--layers", "2", "--select", "block-influence", "--calibration",
                       "specdec_humaneval", "--distill-tokens", "2048", "--out", str(tmp_path / "d"))

@@ -110,6 +110,8 @@ def prune(
                                                        "(specdec_humaneval, specdec_mmlu_cot) or literal text.")] = None,
     distill_tokens: Annotated[int, typer.Option(help="Distil from the source model on this many tokens (0: no).")] = 0,
     on_policy: Annotated[bool, typer.Option(help="Distil on text the source model generates itself (slower).")] = False,
+    vocab_top: Annotated[Optional[int], typer.Option(help="Give the draft a reduced output head over the K most "
+                                                     "frequent calibration tokens (draft-side only).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Build a depth-pruned draft (optionally distilled) as a normal HF model directory."""
@@ -120,13 +122,14 @@ def prune(
     if distill_tokens < 0:
         raise SpecdecError(f"--distill-tokens {distill_tokens} must be >= 0")
     source, tokenizer = load_target(model)
-    needs_text = bool(distill_tokens) or (select == "block-influence" and keep is None)
+    needs_text = bool(distill_tokens) or vocab_top is not None or (select == "block-influence" and keep is None)
     texts = pruning.calibration_texts(calibration) if calibration or needs_text else []
     kept = pruning.resolve_keep(source, tokenizer, layers, keep, select, texts)
     draft = pruning.build_pruned(source, kept)
     meta = {"source": model, "kept_layers": kept, "select": select if keep is None else "explicit",
             "calibration": calibration or pruning.DEFAULT_CALIBRATION, "distill_tokens": distill_tokens,
-            "on_policy": on_policy, "source_layers": source.config.num_hidden_layers}
+            "on_policy": on_policy, "source_layers": source.config.num_hidden_layers, "vocab_top": vocab_top}
+    draft_vocab = pruning.frequent_tokens(tokenizer, texts, vocab_top) if vocab_top is not None else None
     if distill_tokens:
         if on_policy:
             texts = pruning.on_policy_texts(source, tokenizer, texts, distill_tokens)
@@ -134,8 +137,8 @@ def prune(
             task = bar.add_task("distilling", total=distill_tokens)
             meta["distillation"] = pruning.distill(draft, source, tokenizer, texts, distill_tokens,
                                                    on_step=lambda n: bar.advance(task, n))
-    pruning.save_atomically(draft, tokenizer, out, meta)
-    emit({"out": str(out), **{k: meta[k] for k in ("kept_layers", "select", "distill_tokens")},
+    pruning.save_atomically(draft, tokenizer, out, meta, draft_vocab)
+    emit({"out": str(out), **{k: meta[k] for k in ("kept_layers", "select", "distill_tokens", "vocab_top")},
           **({"kl_first": meta["distillation"]["kl_first"], "kl_last": meta["distillation"]["kl_last"]}
              if distill_tokens else {})}, as_json)
 

@@ -9,6 +9,7 @@ generated itself (``on_policy``).
 from __future__ import annotations
 
 import json
+from collections import Counter
 import os
 import shutil
 import tempfile
@@ -17,6 +18,7 @@ from pathlib import Path
 import torch
 
 from specdraft_eval.drafts.layers import layer_view, parse_layers
+from specdraft_eval.drafts.model import DRAFT_VOCAB_FILE
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.offline_data import humaneval_problems, mmlu_cot_docs, task_prompts
 
@@ -144,7 +146,16 @@ def distill(draft, target, tokenizer, texts: list[str], tokens: int, on_step=Non
     return {"kl_first": losses[0], "kl_last": losses[-1], "steps": len(losses), "tokens": sum(len(w) for w in windows)}
 
 
-def save_atomically(model, tokenizer, out: Path, meta: dict) -> None:
+def frequent_tokens(tokenizer, texts: list[str], k: int) -> list[int]:
+    """The ``k`` most frequent token ids in ``texts`` (plus the special tokens), for a reduced draft head."""
+    if k < 1:
+        raise SpecdecError(f"--vocab-top {k} must be >= 1")
+    counts = Counter(t for text in texts for t in tokenizer(text).input_ids)
+    top = [t for t, _ in sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:k]]
+    return sorted(set(top) | set(tokenizer.all_special_ids))
+
+
+def save_atomically(model, tokenizer, out: Path, meta: dict, draft_vocab: list[int] | None = None) -> None:
     """Write a normal HF model directory plus ``zoo.json``; nothing appears at ``out`` until complete."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
@@ -152,6 +163,8 @@ def save_atomically(model, tokenizer, out: Path, meta: dict) -> None:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / "zoo.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        if draft_vocab is not None:
+            (tmp / DRAFT_VOCAB_FILE).write_text(json.dumps(draft_vocab) + "\n")
         os.rename(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

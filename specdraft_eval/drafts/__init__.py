@@ -8,11 +8,14 @@ an alias, a local directory, a GGUF file or a hub id, whose tokenizer must match
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Callable
 from importlib.metadata import entry_points
+from pathlib import Path
 
 from specdraft_eval.drafts.base import Drafter, Proposal
-from specdraft_eval.drafts.model import ModelDrafter
+from specdraft_eval.drafts.model import DRAFT_VOCAB_FILE, ModelDrafter
 from specdraft_eval.errors import SpecdecError
 
 ENTRY_POINT_GROUP = "specdraft_eval.drafts"
@@ -68,4 +71,18 @@ def load_draft(spec: str, target, tokenizer) -> Drafter:
         raise SpecdecError(f"draft {spec!r}: {exc}; draft kinds are {', '.join(kinds)}") from exc
     check_tokenizers(tokenizer, draft_tokenizer, spec)
     vocab = min(target.config.vocab_size, model.config.vocab_size)
-    return ModelDrafter(model, spec, vocab)
+    return ModelDrafter(model, spec, vocab, _draft_vocab(spec))
+
+
+def _draft_vocab(spec: str) -> list[int] | None:
+    """The reduced-head token ids a ``zoo prune --vocab-top`` directory carries, if any."""
+    path = Path(os.path.expanduser(spec)) / DRAFT_VOCAB_FILE
+    if not path.is_file():
+        return None
+    try:
+        ids = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise SpecdecError(f"draft {spec!r}: unreadable {DRAFT_VOCAB_FILE} ({exc}); rebuild it with zoo prune") from None
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) for i in ids):
+        raise SpecdecError(f"draft {spec!r}: {DRAFT_VOCAB_FILE} must be a non-empty list of token ids")
+    return ids

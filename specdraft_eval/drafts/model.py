@@ -6,18 +6,53 @@ import torch
 
 from specdraft_eval import kv
 from specdraft_eval.drafts.base import Proposal
+from specdraft_eval.errors import SpecdecError
 from specdraft_eval.sampling import Sampler
+
+
+DRAFT_VOCAB_FILE = "draft_vocab.json"
+"""In a draft directory: the token ids its reduced output head covers (``zoo prune --vocab-top K``)."""
 
 
 class ModelDrafter:
     """Drafts autoregressively with ``model``; keeps its cache across steps and rolls it back.
 
     ``vocab_size`` is the target's: logits beyond it (padding rows of a larger head) are never drafted.
+    ``token_ids`` gives the draft a reduced output head over just those tokens (draft-side only: it
+    proposes only them, and its distribution is zero elsewhere, which verification handles exactly).
     """
 
-    def __init__(self, model, name: str, vocab_size: int) -> None:
+    def __init__(self, model, name: str, vocab_size: int, token_ids: list[int] | None = None) -> None:
         self.model, self.name, self.vocab_size = model, name, vocab_size
+        self._ids = None
+        if token_ids is not None:
+            if not token_ids or min(token_ids) < 0 or max(token_ids) >= vocab_size:
+                raise SpecdecError(f"draft {name!r}: its reduced head's token ids must lie in 0..{vocab_size - 1}")
+            self._ids = torch.tensor(sorted(set(token_ids)), dtype=torch.long, device=model.device)
+            full = model.get_output_embeddings()
+            head = torch.nn.Linear(full.in_features, len(self._ids), bias=full.bias is not None)
+            head.weight = torch.nn.Parameter(full.weight.detach()[self._ids].clone(), requires_grad=False)
+            if full.bias is not None:
+                head.bias = torch.nn.Parameter(full.bias.detach()[self._ids].clone(), requires_grad=False)
+            model.lm_head = head.to(full.weight.device, full.weight.dtype)
         self.reset()
+
+    def _logits(self, tokens: list[int]) -> torch.Tensor:
+        logits = kv.forward(self.model, tokens, self._cache, 1)[-1]
+        return logits if self._ids is not None else logits[: self.vocab_size]
+
+    def _choose(self, logits: torch.Tensor, sampler: Sampler) -> tuple[int, torch.Tensor | None]:
+        """The drafted token id and, when sampling, its distribution over the target's vocabulary."""
+        if not sampler.do_sample:
+            index = int(logits.argmax())
+            return (int(self._ids[index]) if self._ids is not None else index), None
+        probs = sampler.probs(logits[None])[0]
+        index = int(sampler.sample(probs[None]))
+        if self._ids is None:
+            return index, probs
+        full = torch.zeros(self.vocab_size, dtype=probs.dtype, device=probs.device)
+        full[self._ids] = probs
+        return int(self._ids[index]), full
 
     def reset(self) -> None:
         self._cache = kv.new_cache()
@@ -33,18 +68,15 @@ class ModelDrafter:
     def propose(self, tokens: list[int], num_tokens: int, sampler: Sampler) -> Proposal:
         keep = self._common_prefix(tokens)
         kv.rollback(self._cache, keep)
-        logits = kv.forward(self.model, tokens[keep:], self._cache, 1)[-1, : self.vocab_size]
+        logits = self._logits(tokens[keep:])
         drafted: list[int] = []
         rows: list[torch.Tensor] = []
         for i in range(num_tokens):
-            if sampler.do_sample:
-                probs = sampler.probs(logits[None])
-                token = int(sampler.sample(probs))
-                rows.append(probs[0])
-            else:
-                token = int(logits.argmax())
+            token, probs = self._choose(logits, sampler)
             drafted.append(token)
+            if probs is not None:
+                rows.append(probs)
             if i + 1 < num_tokens:
-                logits = kv.forward(self.model, [token], self._cache, 1)[-1, : self.vocab_size]
+                logits = self._logits([token])
         self._cached = tokens + drafted[:-1]
         return Proposal(drafted, torch.stack(rows) if rows else None)
