@@ -161,11 +161,13 @@ def profile(
     if sweep:
         emit(prof.width_depth_sweep(repeats), as_json)
         return
+    from specdraft_eval.drafts import load_draft
     from specdraft_eval.targets import load_target
 
+    gammas = parse_gammas(gamma)
     model, tokenizer = load_target(target)
-    data = prof.measure_and_write(model, tokenizer, target, drafts or ["prompt-lookup"], parse_gammas(gamma), context,
-                                  repeats, out)
+    drafters = [load_draft(name, model, tokenizer) for name in drafts or ["prompt-lookup"]]
+    data = prof.measure_and_write(model, target, drafters, gammas, context, repeats, out)
     if as_json:
         emit(data, True)
         return

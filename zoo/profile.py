@@ -117,10 +117,9 @@ def width_depth_sweep(repeats: int = 7, context: int = 128) -> list[dict]:
     return rows
 
 
-def measure_and_write(target, tokenizer, target_name: str, drafts: list[str], gammas: list[int], context: int,
-                      repeats: int, out: Path | None) -> dict:
+def measure_and_write(target, target_name: str, drafters: list, gammas: list[int], context: int, repeats: int,
+                      out: Path | None) -> dict:
     """Measure and write (merging into an existing profile of the same target) a hardware profile."""
-    from specdraft_eval.drafts import load_draft
     from zoo.rank import model_kv_bytes
 
     if context < 1 or repeats < 1:
@@ -129,8 +128,7 @@ def measure_and_write(target, tokenizer, target_name: str, drafts: list[str], ga
     t_target, t_verify = target_latency(target, gammas, context, repeats)
     old = read_profile(path) or {}
     figures = dict(old.get("drafts", {})) if old.get("context") == context else {}
-    for name in drafts:
-        drafter = load_draft(name, target, tokenizer)
+    for drafter in drafters:
         model = getattr(drafter, "model", None)
         figures[drafter.name] = {
             "t_draft_ms": draft_latency(drafter, target.config.vocab_size, context, repeats),

@@ -40,10 +40,10 @@ def run_rank(target_name: str, gpu: str, task: str, n_measure: int, drafts: list
     if accelerator is None:
         path = prof.default_profile_path(target_name)
         profile = prof.read_profile(path)
-        missing = [d.name for d in drafters if not profile or d.name not in profile["drafts"]]
+        missing = [d for d in drafters if not profile or d.name not in profile["drafts"]]
         if profile is None or missing or not set(gammas) <= set(profile["t_verify_ms"]):
-            profile = prof.measure_and_write(target, tokenizer, target_name, missing or [], gammas, PROFILE_CONTEXT,
-                                             PROFILE_REPEATS, path)
+            profile = prof.measure_and_write(target, target_name, missing, gammas, PROFILE_CONTEXT, PROFILE_REPEATS,
+                                             path)
         t_target, t_verify = profile["t_target_ms"], {int(k): v for k, v in profile["t_verify_ms"].items()}
     else:
         params = sum(p.numel() for p in target.parameters())
