@@ -41,6 +41,23 @@ def hardware(device) -> str:
     return f"CPU: {platform.processor() or platform.machine()}"
 
 
+def model_facts(model) -> dict:
+    """Size of a draft or target: parameters (millions), decoder layers, KV-cache bytes per token in bf16.
+
+    ``model`` None (a model-free draft such as prompt lookup) gives zeros.
+    """
+    if model is None:
+        return {"parameters_m": 0.0, "layers": 0, "kv_bytes_per_token": 0}
+    c = model.config
+    heads = c.num_attention_heads
+    kv_heads = getattr(c, "num_key_value_heads", heads)
+    return {
+        "parameters_m": sum(p.numel() for p in model.parameters()) / 1e6,
+        "layers": c.num_hidden_layers,
+        "kv_bytes_per_token": 2 * c.num_hidden_layers * kv_heads * (c.hidden_size // heads) * 2,
+    }
+
+
 def _version(package: str) -> str | None:
     try:
         return version(package)
@@ -60,14 +77,15 @@ def specdec_block(
 ) -> dict:
     """Everything a results file records about speculative decoding for one run."""
     total = sum(per_task.values(), GenerationStats())
+    facts = model_facts(draft_model)
     return {
         "schema_version": SCHEMA_VERSION,
         "target": target,
         "draft": draft,
         "num_draft_tokens": num_draft_tokens,
         "dynamic_gamma": dynamic_gamma,
-        "draft_parameters_m": sum(p.numel() for p in draft_model.parameters()) / 1e6 if draft_model is not None else 0.0,
-        "draft_layers": draft_model.config.num_hidden_layers if draft_model is not None else 0,
+        "draft_parameters_m": facts["parameters_m"],
+        "draft_layers": facts["layers"],
         "hardware": hardware(device),
         "versions": {p: _version(p) for p in ("specdraft-eval", "lm-eval", "torch", "transformers")},
         "generations": total.generations,

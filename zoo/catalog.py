@@ -43,8 +43,3 @@ def find(name: str) -> dict | None:
         if name in (entry["name"], entry["hub_id"]):
             return entry
     return None
-
-
-def kv_bytes_per_token(layers: int, hidden_size: int, heads: int, kv_heads: int, dtype_bytes: int = 2) -> int:
-    """Keys and values of one token over all layers."""
-    return 2 * layers * kv_heads * (hidden_size // heads) * dtype_bytes

@@ -120,7 +120,7 @@ def width_depth_sweep(repeats: int = 7, context: int = 128) -> list[dict]:
 def measure_and_write(target, target_name: str, drafters: list, gammas: list[int], context: int, repeats: int,
                       out: Path | None) -> dict:
     """Measure and write (merging into an existing profile of the same target) a hardware profile."""
-    from zoo.rank import model_kv_bytes
+    from specdraft_eval.report import model_facts
 
     if context < 1 or repeats < 1:
         raise SpecdecError("--context and --repeats must be >= 1")
@@ -129,11 +129,11 @@ def measure_and_write(target, target_name: str, drafters: list, gammas: list[int
     old = read_profile(path) or {}
     figures = dict(old.get("drafts", {})) if old.get("context") == context else {}
     for drafter in drafters:
-        model = getattr(drafter, "model", None)
+        facts = model_facts(getattr(drafter, "model", None))
         figures[drafter.name] = {
             "t_draft_ms": draft_latency(drafter, target.config.vocab_size, context, repeats),
-            "parameters_m": sum(p.numel() for p in model.parameters()) / 1e6 if model is not None else 0.0,
-            "kv_bytes_per_token": model_kv_bytes(model) if model is not None else 0,
+            "parameters_m": facts["parameters_m"],
+            "kv_bytes_per_token": facts["kv_bytes_per_token"],
         }
     data = {"schema_version": SCHEMA_VERSION, "hardware": hardware(target.device), "target": target_name,
             "context": context, "repeats": repeats, "t_target_ms": t_target,

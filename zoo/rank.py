@@ -13,7 +13,6 @@ from pathlib import Path
 from specdraft_eval.analytical import predicted_tokens_per_second
 from specdraft_eval.engine import speculative_generate
 from specdraft_eval.stats import GenerationStats
-from zoo.catalog import kv_bytes_per_token
 
 
 @dataclass
@@ -29,12 +28,6 @@ class Candidate:
     tar_source: str = "missing"
     measured_tps: dict[int, float] = field(default_factory=dict)
     t_verify_ms: dict[int, float] = field(default_factory=dict)  # measured in this draft's own runs, per γ
-
-
-def model_kv_bytes(model) -> int:
-    c = model.config
-    heads = c.num_attention_heads
-    return kv_bytes_per_token(c.num_hidden_layers, c.hidden_size, heads, getattr(c, "num_key_value_heads", heads))
 
 
 def tar_from_results(paths: list[Path], target: str, task: str, draft: str) -> tuple[dict[int, float], str]:

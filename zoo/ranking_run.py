@@ -10,7 +10,8 @@ from specdraft_eval.offline_data import task_prompts
 from specdraft_eval.targets import ALIASES, load_target
 from zoo import catalog, hardware
 from zoo import profile as prof
-from zoo.rank import Candidate, measure, model_kv_bytes, rank, tar_from_results
+from specdraft_eval.report import model_facts
+from zoo.rank import Candidate, measure, rank, tar_from_results
 
 PROFILE_CONTEXT = 256
 PROFILE_REPEATS = 7
@@ -46,21 +47,21 @@ def run_rank(target_name: str, gpu: str, task: str, n_measure: int, drafts: list
                                              path)
         t_target, t_verify = profile["t_target_ms"], {int(k): v for k, v in profile["t_verify_ms"].items()}
     else:
-        params = sum(p.numel() for p in target.parameters())
+        params = model_facts(target)["parameters_m"] * 1e6
         t_target = hardware.forward_seconds(params, 1, accelerator) * 1000
         t_verify = {g: hardware.forward_seconds(params, g + 1, accelerator) * 1000 for g in gammas}
     prompts = [tokenizer(text, return_tensors="pt").input_ids[:, -512:] for text in prompts_text]
     candidates = []
     for drafter in drafters:
-        model = getattr(drafter, "model", None)
-        params = sum(p.numel() for p in model.parameters()) if model is not None else 0
+        facts = model_facts(getattr(drafter, "model", None))
+        params = facts["parameters_m"] * 1e6
         if accelerator is None:
             t_draft, source = profile["drafts"][drafter.name]["t_draft_ms"], "profile"
         else:
             t_draft = hardware.forward_seconds(params, 1, accelerator) * 1000 if params else 0.0
             source = f"estimate ({accelerator.name})"
-        candidate = Candidate(drafter.name, t_draft, source, params / 1e6 if params else None,
-                              model_kv_bytes(model) if model is not None else 0)
+        candidate = Candidate(drafter.name, t_draft, source, facts["parameters_m"] or None,
+                              facts["kv_bytes_per_token"])
         candidate.tar, candidate.tar_source = tar_from_results(results, target_name, task, drafter.name)
         if prompts:
             stats = measure(target, drafter, prompts, gammas, max_new_tokens)
