@@ -16,6 +16,7 @@ import torch
 from specdraft_eval import kv
 from specdraft_eval.drafts.base import Drafter, Proposal
 from specdraft_eval.errors import SpecdecError
+from specdraft_eval.gamma import GammaController
 from specdraft_eval.sampling import Sampler, make_generator
 from specdraft_eval.stats import GenerationStats
 
@@ -130,8 +131,8 @@ def speculative_generate(
     """Generate up to ``max_new_tokens`` tokens after ``input_ids`` with ``target``, drafting with ``draft``.
 
     Returns the new token ids (ending at EOS if one was produced) and the run's :class:`GenerationStats`.
-    ``dynamic_gamma`` grows γ by 2 after a fully accepted step and shrinks it by 1 otherwise
-    (between 1 and 4×``num_draft_tokens``).
+    ``dynamic_gamma`` lets :class:`~specdraft_eval.gamma.GammaController` choose γ each step (0 to
+    4×``num_draft_tokens``) from this generation's measured latencies and acceptance.
     """
     if not isinstance(num_draft_tokens, int) or isinstance(num_draft_tokens, bool) or num_draft_tokens < 1:
         raise SpecdecError(f"num_draft_tokens must be an integer >= 1 (got {num_draft_tokens!r})")
@@ -146,10 +147,11 @@ def speculative_generate(
     decode_start = _clock(device)
     stats.prefill_seconds = decode_start - start
     tokens, new = list(prompt), []
-    gamma, max_gamma = num_draft_tokens, 4 * num_draft_tokens
+    controller = GammaController(num_draft_tokens, 4 * num_draft_tokens) if dynamic_gamma else None
     done = False
     while not done:
         t0 = _clock(device)
+        gamma = controller.gamma if controller else num_draft_tokens
         budget = min(gamma, max_new_tokens - len(new) - 1)
         proposal = draft.propose(tokens, budget, sampler) if budget > 0 else Proposal([])
         t1 = _clock(device)
@@ -167,8 +169,8 @@ def speculative_generate(
         new, done = _finish(new + emitted, eos, max_new_tokens)
         tokens = prompt + new
         done = done or (stop is not None and stop(new))
-        if dynamic_gamma and k:
-            gamma = min(gamma + 2, max_gamma) if accepted == k else max(1, gamma - 1)
+        if controller:
+            controller.update(k, accepted, t1 - t0, t2 - t1)
     stats.decode_seconds = _clock(device) - decode_start
     stats.generated_tokens = len(new)
     return new, stats

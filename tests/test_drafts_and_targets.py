@@ -47,6 +47,33 @@ def test_layer_view_shares_weights_and_leaves_target_intact():
     assert torch.equal(full, again)
 
 
+def test_layer_view_hooks_stay_on_the_view():
+    target = tiny_llama(layers=4)
+    view = layer_view(target, [0, 1])
+    calls = []
+    handle = view.register_forward_hook(lambda *args: calls.append("view"))
+    with torch.inference_mode():
+        target(torch.arange(3)[None])
+        view(torch.arange(3)[None])
+    handle.remove()
+    assert calls == ["view"]
+
+
+def test_prompt_lookup_proposes_what_transformers_proposes():
+    from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
+
+    from specdraft_eval.drafts.prompt_lookup import PromptLookupDrafter
+    from specdraft_eval.sampling import Sampler
+
+    generator = torch.Generator().manual_seed(0)
+    ours = PromptLookupDrafter(max_ngram=3)
+    for trial in range(300):
+        tokens = torch.randint(0, 4 + trial % 12, (2 + trial % 60,), generator=generator).tolist()
+        theirs = PromptLookupCandidateGenerator(num_output_tokens=4, max_matching_ngram_size=3, max_length=1000)
+        candidates, _ = theirs.get_candidates(torch.tensor([tokens]))
+        assert ours.propose(tokens, 4, Sampler()).tokens == candidates[0, len(tokens):].tolist(), tokens
+
+
 def test_registry_has_builtin_kinds_via_entry_points():
     kinds = draft_kinds()
     assert {"prompt-lookup", "layers"} <= set(kinds)

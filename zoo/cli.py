@@ -204,6 +204,55 @@ def rank(
 
 @app.command()
 @cli_errors
+def bench(
+    target: TargetOpt = "smollm2-135m-instruct",
+    drafts: Annotated[Optional[list[str]], typer.Option("--draft", "-d", help="Draft to bench (repeat the option); "
+                                                         "default: prompt-lookup.")] = None,
+    task: Annotated[Optional[str], typer.Option(help="Bundled task whose prompts to use (default "
+                                                "specdec_humaneval).")] = None,
+    prompts: Annotated[Optional[Path], typer.Option(help="Prompts file instead: a JSON list of strings or JSON "
+                                                    'lines of strings or {"prompt": ...}.')] = None,
+    limit: Annotated[int, typer.Option(help="Number of prompts.")] = 4,
+    gamma: Annotated[int, typer.Option(help="γ (draft tokens per step) for the constant-γ runs; dynamic γ "
+                                       "starts there.")] = 4,
+    repeats: Annotated[int, typer.Option(help="Timed passes over the prompts; medians, min and max are over these.")] = 3,
+    max_new_tokens: Annotated[int, typer.Option(help="Tokens per generation.")] = 128,
+    dtype: Annotated[str, typer.Option(help="Weights' dtype: float32 or bfloat16.")] = "float32",
+    as_json: JsonOpt = False,
+) -> None:
+    """Time our engine against transformers' generate and assisted generation (greedy, same prompts)."""
+    from specdraft_eval.drafts import load_draft
+    from specdraft_eval.targets import load_target
+    from zoo import bench as benchmark
+
+    if task and prompts:
+        raise SpecdecError("give --task or --prompts, not both")
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise SpecdecError(f"bad --dtype {dtype!r}: use float32, bfloat16 or float16")
+    benchmark.check_options(gamma, repeats, max_new_tokens)
+    texts = benchmark.load_prompts(task, prompts, limit)
+    model, tokenizer = load_target(target, dtype=dtype)
+    drafters = [load_draft(name, model, tokenizer) for name in drafts or ["prompt-lookup"]]
+    runs = repeats * len(texts) * len(benchmark.configurations(drafters, gamma))
+    with progress() as bar:
+        job = bar.add_task("benchmarking", total=runs)
+        result = benchmark.run_bench(model, target, tokenizer, drafters, texts, gamma, repeats, max_new_tokens,
+                                     on_run=lambda: bar.advance(job))
+    result["task"] = None if prompts else task or "specdec_humaneval"
+    if as_json:
+        emit(result, True)
+    else:
+        typer.echo(f"target {target} ({result['dtype']}) on {result['hardware']}: {len(texts)} prompts × "
+                   f"{max_new_tokens} new tokens, γ={gamma}, {repeats} repeats (median [min–max])")
+        emit(benchmark.table_rows(result), False, floatfmt=".3g")
+    different = [f"{r['engine']} ({r['draft']})" for r in result["configs"] if not r["identical"]]
+    if different:
+        raise SpecdecError(f"outputs differ from the target's greedy generate for {', '.join(different)}: "
+                           "this is a losslessness bug, please report it")
+
+
+@app.command()
+@cli_errors
 def leaderboard(
     results: Annotated[list[Path], typer.Argument(help="Results folders (lm_eval --output_path) or files.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder for README.md, leaderboard.csv, index.html, PNGs.")],

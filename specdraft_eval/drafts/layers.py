@@ -46,9 +46,12 @@ def _decoder_path(model: torch.nn.Module, depth: int) -> list[str]:
 
 
 def _shallow(module: torch.nn.Module) -> torch.nn.Module:
-    """A new module object sharing parameters and children but with its own child table."""
+    """A new module object sharing parameters and children but with its own child table and hooks."""
     clone = copy.copy(module)
     clone._modules = dict(module._modules)
+    for name, value in vars(module).items():
+        if "hooks" in name and isinstance(value, dict):
+            setattr(clone, name, type(value)(value))  # a hook put on the view must not fire on the target
     return clone
 
 

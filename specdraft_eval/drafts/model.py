@@ -37,6 +37,11 @@ class ModelDrafter:
             model.lm_head = head.to(full.weight.device, full.weight.dtype)
         self.reset()
 
+    @property
+    def reduced_head(self) -> bool:
+        """Whether the draft's output head covers only some token ids (``zoo prune --vocab-top``)."""
+        return self._ids is not None
+
     def _logits(self, tokens: list[int]) -> torch.Tensor:
         logits = kv.forward(self.model, tokens, self._cache, 1)[-1]
         return logits if self._ids is not None else logits[: self.vocab_size]

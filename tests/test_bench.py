@@ -1,0 +1,98 @@
+"""``zoo bench`` on a tiny random-weight model: every configuration's tokens and the result's schema."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli, save_tiny
+from specdraft_eval import load_draft, load_target
+from zoo import bench
+
+WORDS = ["<unk>", "</s>", *[f"w{i}" for i in range(62)]]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    return save_tiny(tmp_path_factory.mktemp("bench") / "target", layers=4)
+
+
+@pytest.fixture(scope="module")
+def prompts_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
+    lines = [{"prompt": " ".join(WORDS[2 + (i * 7 + j) % 20] for j in range(12))} for i in range(3)]
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    return path
+
+
+def test_bench_runs_every_configuration_with_identical_tokens(tiny, prompts_file):
+    target, tokenizer = load_target(str(tiny))
+    drafters = [load_draft(name, target, tokenizer) for name in ("prompt-lookup", "layers:0-1")]
+    prompts = bench.load_prompts(None, prompts_file, 3)
+    result = bench.run_bench(target, str(tiny), tokenizer, drafters, prompts, gamma=3, repeats=2, max_new_tokens=10)
+    rows = result["configs"]
+    assert [(r["engine"], r["draft"]) for r in rows] == [
+        (bench.AUTOREGRESSIVE, None),
+        *[(engine, name) for name in ("prompt-lookup:3", "layers:0,1")
+          for engine in (bench.ASSISTED, bench.OURS, bench.OURS_DYNAMIC)],
+    ]
+    assert all(r["identical"] for r in rows)
+    assert {r["generated_tokens"] for r in rows} == {rows[0]["generated_tokens"]}
+    assert result["prompts"] == 3 and result["repeats"] == 2 and result["gamma"] == 3
+    for row in rows:
+        spread = row["tokens_per_second"]
+        assert spread["min"] <= spread["median"] <= spread["max"] and spread["min"] > 0
+        assert 0 <= row["overhead"] < 1 and row["peak_mb"] > 0
+    ours = [r for r in rows if r["engine"] in (bench.OURS, bench.OURS_DYNAMIC)]
+    assert all(r["vs_assisted"] is not None and r["predicted_tokens_per_second"] > 0 for r in ours)
+    layered = next(r for r in rows if r["engine"] == bench.OURS and r["draft"] == "layers:0,1")
+    assert layered["draft_ms_per_token"] > 0 and layered["mean_gamma"] == pytest.approx(3, abs=1)
+    assert layered["draft_weights_mb"] == 0.0  # a layer view shares the target's weights
+    assert rows[0]["tar"] == 0  # autoregressive: one token per target call
+
+
+def test_bench_catches_a_draft_that_changes_the_output(tiny, prompts_file, monkeypatch):
+    """A broken verifier (accepting every draft token) must be reported, not hidden."""
+    from specdraft_eval import engine
+
+    monkeypatch.setattr(engine, "_verify", lambda logits, proposal, sampler: (len(proposal.tokens), 5))
+    target, tokenizer = load_target(str(tiny))
+    drafter = load_draft("layers:0", target, tokenizer)
+    result = bench.run_bench(target, str(tiny), tokenizer, [drafter], bench.load_prompts(None, prompts_file, 1),
+                             gamma=2, repeats=1, max_new_tokens=8)
+    identical = {r["engine"]: r["identical"] for r in result["configs"]}
+    assert identical[bench.AUTOREGRESSIVE] and identical[bench.ASSISTED] and not identical[bench.OURS]
+
+
+def test_bench_cli_json_and_table(tiny, prompts_file):
+    done = run_cli("zoo", "bench", "--target", str(tiny), "--prompts", str(prompts_file), "--limit", "2",
+                   "--repeats", "1", "--max-new-tokens", "6", "--gamma", "2", "--json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    data = json.loads(done.stdout)
+    assert data["schema_version"] == bench.SCHEMA_VERSION and data["task"] is None and len(data["configs"]) == 4
+    table = run_cli("zoo", "bench", "--target", str(tiny), "--prompts", str(prompts_file), "--limit", "1",
+                    "--repeats", "1", "--max-new-tokens", "4", "--draft", "layers:0")
+    assert table.returncode == 0, table.stderr[-2000:]
+    assert "×assisted" in table.stdout and "specdraft dynamic γ" in table.stdout
+
+
+@pytest.mark.parametrize("content,message", [
+    ("not json", "is not JSON/JSONL"),
+    ("[]", "must hold non-empty strings"),
+    ('[{"text": "a"}]', "must hold non-empty strings"),
+])
+def test_bench_bad_prompts_file(tiny, tmp_path, content, message):
+    path = tmp_path / "prompts.json"
+    path.write_text(content)
+    done = run_cli("zoo", "bench", "--target", str(tiny), "--prompts", str(path))
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("zoo: error:") and message in done.stderr
+
+
+def test_bench_bad_options(tiny, prompts_file):
+    for args, message in [(["--gamma", "0"], "must be >= 1"), (["--limit", "0"], "--limit 0"),
+                          (["--dtype", "int8"], "bad --dtype"), (["--task", "specdec_humaneval"], "not both")]:
+        done = run_cli("zoo", "bench", "--target", str(tiny), "--prompts", str(prompts_file), *args)
+        assert done.returncode == 1 and message in done.stderr and "Traceback" not in done.stderr, done.stderr

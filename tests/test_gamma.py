@@ -1,0 +1,59 @@
+"""The dynamic-γ controller: it climbs while drafting pays and backs off to autoregressive steps when not."""
+
+from __future__ import annotations
+
+from specdraft_eval.gamma import GammaController
+
+
+def drive(controller: GammaController, steps: int, accept: float, verify_ms, draft_ms: float) -> list[int]:
+    """Feed ``steps`` synthetic steps: each drafted token accepted while the running share stays below
+    ``accept``; verify costs ``verify_ms(n)`` for n tokens."""
+    chosen, accepted_total, drafted_total = [], 0, 0
+    for _ in range(steps):
+        gamma = controller.gamma
+        chosen.append(gamma)
+        accepted = 0
+        while accepted < gamma and (accepted_total + 1) <= accept * (drafted_total + gamma):
+            accepted += 1
+            accepted_total += 1
+        drafted_total += gamma
+        controller.update(gamma, accepted, gamma * draft_ms / 1000, verify_ms(gamma + 1) / 1000)
+    return chosen
+
+
+def test_starts_at_gamma_then_measures_an_autoregressive_step():
+    controller = GammaController(start=4, max_gamma=16)
+    assert controller.gamma == 4
+    controller.update(4, 4, 0.001, 0.070)
+    assert controller.gamma == 0  # a 1-token step has not been measured yet
+
+
+def test_climbs_when_verification_is_flat_and_drafts_are_accepted():
+    controller = GammaController(start=4, max_gamma=16)
+    chosen = drive(controller, 40, accept=0.95, verify_ms=lambda n: 60.0, draft_ms=0.05)
+    assert chosen[-1] == 16 and max(chosen[-10:]) == 16
+
+
+def test_backs_off_to_autoregressive_and_probes_when_drafts_fail():
+    controller = GammaController(start=4, max_gamma=16, probe_every=8)
+    chosen = drive(controller, 60, accept=0.0, verify_ms=lambda n: 60.0 + 10.0 * n, draft_ms=20.0)
+    tail = chosen[20:]
+    assert tail.count(0) >= 0.85 * len(tail)  # mostly autoregressive steps
+    assert 1 in tail  # with a γ=1 probe now and then
+    assert max(tail) == 1
+
+
+def test_cheap_verification_of_a_few_tokens_picks_a_moderate_gamma():
+    # fp32 on a small CPU: 2-3 tokens cost little more than 1, 4+ much more (measured shape).
+    costs = {1: 63.0, 2: 69.0, 3: 75.0, 4: 99.0, 5: 101.0}
+    controller = GammaController(start=4, max_gamma=16)
+    chosen = drive(controller, 60, accept=0.6, verify_ms=lambda n: costs.get(n, 100.0 + 4 * n), draft_ms=0.05)
+    assert set(chosen[-20:]) <= {1, 2, 3}
+
+
+def test_verify_estimates_interpolate_and_extrapolate():
+    controller = GammaController(start=2, max_gamma=8)
+    controller.update(0, 0, 0.0, 0.010)  # 1 token: 10 ms
+    controller.update(2, 1, 0.0, 0.030)  # 3 tokens: 30 ms
+    assert abs(controller.verify_seconds(2) - 0.020) < 1e-12
+    assert abs(controller.verify_seconds(5) - 0.050) < 1e-12

@@ -1,0 +1,349 @@
+"""``zoo bench``: our engine against transformers' own decoding, side by side on the same prompts.
+
+Per draft and prompt, interleaved and after a warm-up, greedy: the target's autoregressive
+``generate``; transformers' assisted generation with the same draft at a constant γ; our engine at the
+same γ and with dynamic γ. Every output must equal the autoregressive one token for token. Wall time
+is split into the target's and the draft's forward passes (module hooks) and the rest (engine overhead).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from specdraft_eval.analytical import predicted_tokens_per_second
+from specdraft_eval.drafts.model import ModelDrafter
+from specdraft_eval.drafts.prompt_lookup import PromptLookupDrafter
+from specdraft_eval.engine import speculative_generate
+from specdraft_eval.errors import SpecdecError
+from specdraft_eval.stats import GenerationStats
+
+SCHEMA_VERSION = 1
+AUTOREGRESSIVE, ASSISTED, OURS, OURS_DYNAMIC = (
+    "transformers autoregressive", "transformers assisted", "specdraft", "specdraft dynamic γ")
+
+
+class ForwardTimer:
+    """Seconds spent inside a module's forward, call by call (pre/post forward hooks)."""
+
+    def __init__(self, module: torch.nn.Module | None) -> None:
+        self.calls: list[float] = []
+        self._handles = []
+        if module is not None:
+            self._handles = [module.register_forward_pre_hook(self._start),
+                             module.register_forward_hook(self._stop)]
+
+    def _start(self, module, args) -> None:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        self._began = time.perf_counter()
+
+    def _stop(self, module, args, output) -> None:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        self.calls.append(time.perf_counter() - self._began)
+
+    def take(self) -> list[float]:
+        calls, self.calls = self.calls, []
+        return calls
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
+@dataclass
+class Run:
+    """One generation of one configuration on one prompt."""
+
+    prompt_tokens: int
+    tokens: list[int]
+    wall: float
+    target_calls: list[float]
+    draft_calls: list[float]
+    stats: GenerationStats | None = None
+
+
+@dataclass
+class Config:
+    """A way to decode: ``engine`` is one of the four names above; ``drafter`` None for autoregressive."""
+
+    engine: str
+    drafter: object | None = None
+    runs: list[list[Run]] = field(default_factory=list)  # [repeat][prompt]
+    peak_mb: float | None = None
+
+    @property
+    def draft(self) -> str | None:
+        return self.drafter.name if self.drafter is not None else None
+
+
+def assisted_kwargs(drafter, gamma: int) -> dict | None:
+    """transformers ``generate`` arguments for the same draft at constant γ, or None if it has no equivalent."""
+    if isinstance(drafter, PromptLookupDrafter):
+        return {"prompt_lookup_num_tokens": gamma, "max_matching_ngram_size": drafter.max_ngram}
+    if isinstance(drafter, ModelDrafter) and not drafter.reduced_head:
+        return {"assistant_model": drafter.model, "num_assistant_tokens": gamma,
+                "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0}
+    return None
+
+
+def configurations(drafters: list, gamma: int) -> list[Config]:
+    configs = [Config(AUTOREGRESSIVE)]
+    for drafter in drafters:
+        if assisted_kwargs(drafter, gamma) is not None:
+            configs.append(Config(ASSISTED, drafter))
+        configs += [Config(OURS, drafter), Config(OURS_DYNAMIC, drafter)]
+    return configs
+
+
+class Bench:
+    """Runs configurations on prompts and keeps every run."""
+
+    def __init__(self, target, gamma: int, max_new_tokens: int) -> None:
+        from transformers import GenerationConfig
+
+        self.target, self.gamma, self.max_new_tokens = target, gamma, max_new_tokens
+        eos = target.generation_config.eos_token_id
+        self.generation_config = GenerationConfig(
+            max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos,
+            pad_token_id=eos if isinstance(eos, int) else (eos[0] if eos else 0))
+        self.target_timer = ForwardTimer(target)
+
+    def generate(self, config: Config, ids: torch.Tensor, max_new_tokens: int | None = None) -> Callable[[], tuple]:
+        """A function running ``config`` once on ``ids``, returning (new tokens, stats or None)."""
+        budget = max_new_tokens or self.max_new_tokens
+        if config.engine in (OURS, OURS_DYNAMIC):
+            return lambda: speculative_generate(self.target, config.drafter, ids, budget, num_draft_tokens=self.gamma,
+                                                dynamic_gamma=config.engine == OURS_DYNAMIC)
+        kwargs = assisted_kwargs(config.drafter, self.gamma) if config.engine == ASSISTED else {}
+        generation_config = self.generation_config.__class__(**{**self.generation_config.to_diff_dict(),
+                                                                 "max_new_tokens": budget})
+
+        def run():
+            with torch.inference_mode():
+                out = self.target.generate(ids, attention_mask=torch.ones_like(ids),
+                                           generation_config=generation_config, **kwargs)
+            return out[0, ids.shape[1]:].tolist(), None
+
+        return run
+
+    def run(self, config: Config, ids: torch.Tensor) -> Run:
+        draft_timer = ForwardTimer(getattr(config.drafter, "model", None))
+        fn = self.generate(config, ids)
+        self.target_timer.take()
+        start = _clock()
+        tokens, stats = fn()
+        wall = _clock() - start
+        run = Run(ids.shape[1], tokens, wall, self.target_timer.take(), draft_timer.take(), stats)
+        draft_timer.close()
+        return run
+
+
+def _clock() -> float:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def peak_memory_mb(fn: Callable[[], object], device: torch.device, resident_bytes: int) -> float:
+    """Peak memory while ``fn`` runs: CUDA's allocator peak, or on the CPU the models' weights
+    (``resident_bytes``) plus the growth of resident memory above where it started (sampled every ms)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        fn()
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)  # give back freed buffers so growth is this run's own
+    except (OSError, AttributeError):
+        pass
+    start, peak, running = _rss_bytes(), [0], [True]
+
+    def sample():
+        while running[0]:
+            peak[0] = max(peak[0], _rss_bytes())
+            time.sleep(0.001)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        fn()
+    finally:
+        running[0] = False
+        thread.join()
+    peak[0] = max(peak[0], _rss_bytes())
+    return (resident_bytes + max(0, peak[0] - start)) / 2**20
+
+
+def weight_bytes(*models) -> int:
+    """Bytes of the distinct parameter tensors of ``models`` (a layer view shares the target's)."""
+    seen: dict[int, int] = {}
+    for model in models:
+        if model is None:
+            continue
+        for p in model.parameters():
+            seen[p.data_ptr()] = p.numel() * p.element_size()
+    return sum(seen.values())
+
+
+def load_prompts(task: str | None, prompts_file: Path | None, limit: int) -> list[str]:
+    """``limit`` prompts from a bundled task or a file (a JSON list of strings, or JSON lines of strings
+    or ``{"prompt": ...}`` objects)."""
+    from specdraft_eval.offline_data import task_prompts
+
+    if limit < 1:
+        raise SpecdecError(f"--limit {limit} must be >= 1")
+    if prompts_file is None:
+        return task_prompts(task or "specdec_humaneval")[:limit]
+    try:
+        text = prompts_file.read_text()
+    except OSError as exc:
+        raise SpecdecError(f"cannot read --prompts {prompts_file}: {exc.strerror}; give a JSON or JSONL file") from None
+    try:
+        items = json.loads(text) if text.lstrip().startswith("[") else [json.loads(l) for l in text.splitlines() if l.strip()]
+    except ValueError as exc:
+        raise SpecdecError(f"--prompts {prompts_file} is not JSON/JSONL ({exc}); use a list of strings or "
+                           'lines such as {"prompt": "..."}') from None
+    prompts = [item["prompt"] if isinstance(item, dict) and "prompt" in item else item for item in items]
+    if not prompts or not all(isinstance(p, str) and p for p in prompts):
+        raise SpecdecError(f"--prompts {prompts_file} must hold non-empty strings (or objects with a \"prompt\")")
+    return prompts[:limit]
+
+
+def check_options(gamma: int, repeats: int, max_new_tokens: int) -> None:
+    for name, value in (("--gamma", gamma), ("--repeats", repeats), ("--max-new-tokens", max_new_tokens)):
+        if value < 1:
+            raise SpecdecError(f"{name} {value} must be >= 1")
+
+
+def run_bench(target, target_name: str, tokenizer, drafters: list, prompts: list[str], gamma: int, repeats: int,
+              max_new_tokens: int, on_run: Callable[[], None] = lambda: None) -> dict:
+    """Warm up, run every configuration ``repeats`` times on every prompt (interleaved), measure peak
+    memory in one extra run each, and return the summary (see :func:`summarise`)."""
+    check_options(gamma, repeats, max_new_tokens)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # assisted generation warns about its own defaults on every call
+    bench = Bench(target, gamma, max_new_tokens)
+    configs = configurations(drafters, gamma)
+    ids = [tokenizer(p, return_tensors="pt").input_ids.to(target.device) for p in prompts]
+    for config in configs:  # warm-up: first calls at new shapes pay for kernel and allocator set-up
+        bench.generate(config, ids[0], min(16, max_new_tokens))()
+    for _ in range(repeats):
+        runs = {id(c): [] for c in configs}
+        for prompt in ids:
+            for config in configs:
+                runs[id(config)].append(bench.run(config, prompt))
+                on_run()
+        for config in configs:
+            config.runs.append(runs[id(config)])
+    longest = max(ids, key=lambda t: t.shape[1])
+    for config in configs:
+        resident = weight_bytes(target, getattr(config.drafter, "model", None))
+        config.peak_mb = peak_memory_mb(bench.generate(config, longest), target.device, resident)
+    bench.target_timer.close()
+    return summarise(configs, target, target_name, gamma, max_new_tokens, len(prompts), repeats)
+
+
+def _spread(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def _tps(runs: list[Run]) -> float:
+    return sum(len(r.tokens) for r in runs) / sum(r.wall for r in runs)
+
+
+def summarise(configs: list[Config], target, target_name: str, gamma: int, max_new_tokens: int, n_prompts: int,
+              repeats: int) -> dict:
+    from specdraft_eval.report import hardware
+
+    reference = configs[0]
+    assisted = {c.draft: c for c in configs if c.engine == ASSISTED}
+    rows = []
+    for config in configs:
+        rates = [_tps(runs) for runs in config.runs]
+        flat = [r for runs in config.runs for r in runs]
+        wall = sum(r.wall for r in flat)
+        target_s, draft_s = sum(sum(r.target_calls) for r in flat), sum(sum(r.draft_calls) for r in flat)
+        draft_only = weight_bytes(target, getattr(config.drafter, "model", None)) - weight_bytes(target)
+        row = {
+            "engine": config.engine, "draft": config.draft, "gamma": gamma if config.drafter else None,
+            "dynamic_gamma": config.engine == OURS_DYNAMIC,
+            "identical": all(r.tokens == ref.tokens for runs, ref_runs in zip(config.runs, reference.runs)
+                             for r, ref in zip(runs, ref_runs)),
+            "generated_tokens": sum(len(r.tokens) for r in flat),
+            "tokens_per_second": _spread(rates),
+            "vs_autoregressive": _spread([a / b for a, b in zip(rates, [_tps(r) for r in reference.runs])]),
+            "vs_assisted": None,
+            "overhead": 1 - (target_s + draft_s) / wall,
+            "peak_mb": config.peak_mb,
+            "draft_weights_mb": draft_only / 2**20,
+        }
+        if config.engine in (OURS, OURS_DYNAMIC) and config.draft in assisted:
+            row["vs_assisted"] = _spread([a / b for a, b in zip(rates, [_tps(r) for r in assisted[config.draft].runs])])
+        row.update(_step_figures(config, flat, target_s, draft_s))
+        rows.append(row)
+    ar_peak = reference.peak_mb
+    for row in rows:
+        row["memory_ok"] = (row["peak_mb"] <= (ar_peak + row["draft_weights_mb"]) * 1.10) if ar_peak else None
+    return {"schema_version": SCHEMA_VERSION, "target": target_name, "dtype": str(target.dtype).removeprefix("torch."),
+            "hardware": hardware(target.device), "gamma": gamma, "max_new_tokens": max_new_tokens,
+            "prompts": n_prompts, "repeats": repeats, "configs": rows}
+
+
+def _step_figures(config: Config, flat: list[Run], target_s: float, draft_s: float) -> dict:
+    """TAR, draft ms per token, verify ms per step, and (for our engine) the analytical prediction."""
+    draft_calls = sum(len(r.draft_calls) for r in flat)
+    if config.engine not in (OURS, OURS_DYNAMIC):  # transformers: one target call per step (no separate prefill)
+        steps = sum(len(r.target_calls) for r in flat)
+        return {"tar": sum(len(r.tokens) for r in flat) / steps - 1 if steps else None,
+                "draft_ms_per_token": draft_s / draft_calls * 1000 if draft_calls else None,
+                "verify_ms_per_step": target_s / steps * 1000 if steps else None,
+                "predicted_tokens_per_second": None, "prediction_deviation": None, "mean_gamma": None}
+    stats = sum((r.stats for r in flat), GenerationStats())
+    summary = stats.summary()
+    prefill = sum(r.target_calls[0] for r in flat if r.prompt_tokens > 1 and r.target_calls)  # engine._prefill
+    verify = (target_s - prefill) / stats.steps if stats.steps else None
+    drafted = stats.draft_tokens
+    draft_time = draft_s if draft_calls else stats.draft_seconds  # a model-free draft's latency is its lookup
+    t_draft = draft_time / drafted if drafted else 0.0
+    predicted = (predicted_tokens_per_second(summary["tar"], drafted / stats.steps, t_draft, verify)
+                 if stats.steps and verify else None)
+    measured = summary["tokens_per_second"]
+    return {"tar": summary["tar"], "draft_ms_per_token": t_draft * 1000 if drafted else None,
+            "verify_ms_per_step": verify * 1000 if verify else None, "mean_gamma": summary["mean_num_draft_tokens"],
+            "predicted_tokens_per_second": predicted,
+            "prediction_deviation": predicted / measured - 1 if predicted and measured else None}
+
+
+def table_rows(result: dict) -> list[dict]:
+    """The summary as flat rows for a text table."""
+
+    def spread(s: dict | None, fmt: str) -> str | None:
+        return None if s is None else f"{s['median']:{fmt}} [{s['min']:{fmt}}–{s['max']:{fmt}}]"
+
+    def pct(x: float | None) -> str | None:
+        return None if x is None else f"{100 * x:+.1f}%"
+
+    return [{
+        "engine": r["engine"], "draft": r["draft"], "tok/s": spread(r["tokens_per_second"], ".2f"),
+        "×AR": spread(r["vs_autoregressive"], ".2f"), "×assisted": spread(r["vs_assisted"], ".2f"),
+        "TAR": r["tar"], "mean γ": r["mean_gamma"], "draft ms/tok": r["draft_ms_per_token"],
+        "verify ms/step": r["verify_ms_per_step"], "overhead": pct(r["overhead"]),
+        "pred tok/s": r["predicted_tokens_per_second"], "pred dev": pct(r["prediction_deviation"]),
+        "peak MB": r["peak_mb"], "same tokens": r["identical"],
+    } for r in result["configs"]]
