@@ -1,10 +1,10 @@
 """The founding paper's analytical throughput model.
 
-    tokens/s = (tar + 1) / (gamma * t_draft + t_verify(gamma))
+    tokens/s = TAR / (gamma * t_draft + t_verify(gamma))
 
-``tar`` is measured (accepted draft tokens per verification step), not derived from an
-independent-acceptance assumption; ``t_draft`` is the draft's seconds per drafted token and
-``t_verify`` the target's seconds for one verification step of ``gamma`` tokens.
+``TAR`` is the paper's: tokens emitted per verification step, the target's own token included (measured,
+not derived from an independent-acceptance assumption); ``t_draft`` is the draft's seconds per drafted
+token and ``t_verify`` the target's seconds for one verification step of ``gamma`` draft tokens.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ def predicted_tokens_per_second(tar: float, gamma: float, t_draft: float, t_veri
     step_seconds = gamma * t_draft + t_verify
     if step_seconds <= 0:
         raise ValueError("gamma * t_draft + t_verify must be positive")
-    return (tar + 1.0) / step_seconds
+    return tar / step_seconds
 
 
 def predicted_speedup(tar: float, gamma: float, t_draft: float, t_verify: float, t_target: float) -> float:

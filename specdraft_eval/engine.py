@@ -160,9 +160,7 @@ def speculative_generate(
         accepted, next_token = _verify(logits, proposal, sampler)
         kv.rollback(cache, len(tokens) + accepted)
         t2 = _clock(device)
-        stats.steps += 1
-        stats.draft_tokens += k
-        stats.accepted_tokens += accepted
+        stats.record_step(k, accepted)
         stats.draft_seconds += t1 - t0
         stats.verify_seconds += t2 - t1
         emitted = [*proposal.tokens[:accepted], next_token]
@@ -173,6 +171,7 @@ def speculative_generate(
             controller.update(k, accepted, t1 - t0, t2 - t1)
     stats.decode_seconds = _clock(device) - decode_start
     stats.generated_tokens = len(new)
+    stats.end_request()
     return new, stats
 
 

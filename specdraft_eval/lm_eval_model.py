@@ -17,7 +17,8 @@ from lm_eval.models.huggingface import HFLM
 from specdraft_eval.drafts import load_draft
 from specdraft_eval.engine import autoregressive_generate, speculative_generate
 from specdraft_eval.errors import SpecdecError, one_line
-from specdraft_eval.report import specdec_block, table
+from specdraft_eval.record import SpecdecRecord
+from specdraft_eval.report import table
 from specdraft_eval.stats import GenerationStats
 from specdraft_eval.targets import ALIASES, DEFAULT_TARGET, local_dir, resolve
 
@@ -171,7 +172,7 @@ class SpecDecLM(HFLM):
 
     def specdec_info(self) -> dict:
         """The ``specdec`` block for the results file."""
-        return specdec_block(
+        return SpecdecRecord.new(
             self.target_name,
             self._drafter.name,
             self.num_draft_tokens,
@@ -180,7 +181,7 @@ class SpecDecLM(HFLM):
             dict(self._stats),
             self._baseline_mismatches,
             getattr(self._drafter, "model", None),
-        )
+        ).to_block()
 
     def get_model_info(self) -> dict:
         return {**super().get_model_info(), "specdec": self.specdec_info()}

@@ -1,10 +1,40 @@
-"""Per-generation counters and timings, and the summary figures derived from them."""
+"""Per-generation counters and timings, and the summary figures derived from them.
+
+Conventions (stated once; the README repeats them):
+
+- ``tar`` is the founding paper's TAR: tokens emitted per verification step, the target's own (bonus or
+  recovered) token included, so ``tar == accepted_per_step + 1``. It is vLLM's "mean acceptance length" and
+  Spec-Bench's "#mean accepted tokens".
+- ``accepted_per_step`` is draft tokens accepted per step (the bonus token excluded).
+- Both are per-step means over all steps of all requests; ``per_request_mean_accepted_length`` gives p10,
+  p50 and p90 over requests of each request's own TAR, so that a few long completions cannot hide what most
+  requests see.
+- Per position i (0-based), as vLLM counts ``num_accepted_tokens_per_pos``: ``drafted_per_position[i]`` steps
+  drafted a token at position i, ``accepted_per_position[i]`` steps had draft token i accepted;
+  ``acceptance_length_histogram[n]`` counts steps that accepted exactly n draft tokens.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 
 from specdraft_eval.analytical import predicted_tokens_per_second
+
+POSITION_FIELDS = ("drafted_per_position", "accepted_per_position", "acceptance_length_histogram")
+
+
+def _add_lists(a: list[int], b: list[int]) -> list[int]:
+    """Element-wise sum of two count lists of possibly different lengths."""
+    return [x + y for x, y in zip(a + [0] * (len(b) - len(a)), b + [0] * (len(a) - len(b)))]
+
+
+def _percentile(values: list[float], q: float) -> float:
+    """Linear-interpolation percentile (numpy's default) of a non-empty list."""
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 @dataclass
@@ -12,7 +42,8 @@ class GenerationStats:
     """What one or more speculative generations did. Add two with ``+`` to aggregate.
 
     Times are seconds. ``decode_seconds`` excludes the target's prompt prefill (identical work with
-    or without a draft); the draft's own prompt processing counts as draft time.
+    or without a draft); the draft's own prompt processing counts as draft time. ``request_tars`` holds
+    each request's own TAR (tokens emitted per step), in the order the requests ran.
     """
 
     generations: int = 0
@@ -26,17 +57,47 @@ class GenerationStats:
     decode_seconds: float = 0.0
     baseline_tokens: int = 0
     baseline_seconds: float = 0.0
+    drafted_per_position: list[int] = field(default_factory=list)
+    accepted_per_position: list[int] = field(default_factory=list)
+    acceptance_length_histogram: list[int] = field(default_factory=list)
+    request_tars: list[float] = field(default_factory=list)
 
     def __add__(self, other: "GenerationStats") -> "GenerationStats":
-        return GenerationStats(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
+        merged = {}
+        for f in fields(self):
+            a, b = getattr(self, f.name), getattr(other, f.name)
+            merged[f.name] = _add_lists(a, b) if f.name in POSITION_FIELDS else a + b  # request_tars: concatenated
+        return GenerationStats(**merged)
+
+    def record_step(self, drafted: int, accepted: int) -> None:
+        """Count one verification step that checked ``drafted`` draft tokens and accepted ``accepted``."""
+        self.steps += 1
+        self.draft_tokens += drafted
+        self.accepted_tokens += accepted
+        self.drafted_per_position = _add_lists(self.drafted_per_position, [1] * drafted)
+        self.accepted_per_position = _add_lists(self.accepted_per_position, [1] * accepted)
+        self.acceptance_length_histogram = _add_lists(self.acceptance_length_histogram, [0] * accepted + [1])
+
+    def end_request(self) -> None:
+        """Close a single request's counters: remember its own TAR for the per-request percentiles."""
+        if self.steps:
+            self.request_tars.append((self.accepted_tokens + self.steps) / self.steps)
 
     def as_dict(self) -> dict:
         return asdict(self)
 
+    def tar_at(self, gamma: int) -> float | None:
+        """Estimated TAR had every step drafted at most ``gamma`` tokens: a step that accepted n tokens would
+        have accepted min(n, gamma). An estimate: step boundaries shift when γ changes."""
+        if not self.steps or not self.acceptance_length_histogram:
+            return None
+        accepted = sum(count * min(n, gamma) for n, count in enumerate(self.acceptance_length_histogram))
+        return (accepted + self.steps) / self.steps
+
     def summary(self) -> dict:
-        """The figures users read: TAR, acceptance, latencies, throughput, speedup, prediction."""
+        """The figures users read: TAR, acceptance (overall and per position), latencies, throughput, speedup."""
         steps, drafted = self.steps, self.draft_tokens
-        tar = self.accepted_tokens / steps if steps else None
+        tar = (self.accepted_tokens + steps) / steps if steps else None
         t_draft = self.draft_seconds / drafted if drafted else 0.0
         t_verify = self.verify_seconds / steps if steps else None
         tps = self.generated_tokens / self.decode_seconds if self.decode_seconds > 0 else None
@@ -46,14 +107,25 @@ class GenerationStats:
             if steps and t_verify
             else None
         )
+        per_request = (
+            {f"p{q}": _percentile(self.request_tars, q / 100) for q in (10, 50, 90)} if self.request_tars else None
+        )
         return {
             "steps": steps,
             "draft_tokens": drafted,
             "accepted_tokens": self.accepted_tokens,
             "generated_tokens": self.generated_tokens,
             "tar": tar,
-            "mean_accepted_length": tar + 1 if tar is not None else None,
+            "accepted_per_step": self.accepted_tokens / steps if steps else None,
             "acceptance_rate": self.accepted_tokens / drafted if drafted else None,
+            "acceptance_rate_per_position": [  # accepted_i / drafted_i
+                a / d for a, d in zip(_add_lists(self.accepted_per_position, [0] * len(self.drafted_per_position)),
+                                      self.drafted_per_position)
+            ],
+            "drafted_per_position": list(self.drafted_per_position),
+            "accepted_per_position": list(self.accepted_per_position),
+            "acceptance_length_histogram": list(self.acceptance_length_histogram),
+            "per_request_mean_accepted_length": per_request,
             "mean_num_draft_tokens": drafted / steps if steps else None,
             "draft_ms_per_token": t_draft * 1000 if drafted else None,
             "verify_ms_per_step": t_verify * 1000 if t_verify is not None else None,

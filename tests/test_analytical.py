@@ -7,12 +7,12 @@ from specdraft_eval.stats import GenerationStats
 
 
 def test_hand_worked_throughput():
-    # 1.5 accepted per step + 1 bonus = 2.5 tokens per (4 x 10 ms + 50 ms) = 90 ms -> 27.78 tokens/s
-    assert predicted_tokens_per_second(1.5, 4, 0.010, 0.050) == pytest.approx(2.5 / 0.090)
+    # TAR 2.5: 1.5 accepted per step + the target's own token = 2.5 tokens per (4 x 10 ms + 50 ms) = 90 ms -> 27.78 tokens/s
+    assert predicted_tokens_per_second(2.5, 4, 0.010, 0.050) == pytest.approx(2.5 / 0.090)
     # against 40 ms per autoregressive token (25 tokens/s): 27.78 / 25 = 1.111
-    assert predicted_speedup(1.5, 4, 0.010, 0.050, 0.040) == pytest.approx(1.1111, rel=1e-4)
-    # no draft cost and full acceptance: (γ + 1) tokens per verification
-    assert predicted_tokens_per_second(4, 4, 0.0, 0.1) == pytest.approx(50.0)
+    assert predicted_speedup(2.5, 4, 0.010, 0.050, 0.040) == pytest.approx(1.1111, rel=1e-4)
+    # no draft cost and full acceptance: TAR = γ + 1 tokens per verification
+    assert predicted_tokens_per_second(5, 4, 0.0, 0.1) == pytest.approx(50.0)
 
 
 def test_rejects_zero_step_time():
@@ -25,9 +25,9 @@ def test_stats_summary_uses_the_model_on_measured_parts():
                             draft_seconds=0.4, verify_seconds=0.5, decode_seconds=0.9, baseline_tokens=25,
                             baseline_seconds=1.0)
     s = stats.summary()
-    assert s["tar"] == 1.5 and s["mean_accepted_length"] == 2.5 and s["acceptance_rate"] == 0.375
+    assert s["tar"] == 2.5 and s["accepted_per_step"] == 1.5 and s["acceptance_rate"] == 0.375
     assert s["draft_ms_per_token"] == pytest.approx(10.0) and s["verify_ms_per_step"] == pytest.approx(50.0)
     assert s["predicted_tokens_per_second"] == pytest.approx(2.5 / 0.090)
     assert s["tokens_per_second"] == pytest.approx(25 / 0.9)
     assert s["speedup"] == pytest.approx((25 / 0.9) / 25.0)
-    assert (stats + stats).summary()["tar"] == 1.5
+    assert (stats + stats).summary()["tar"] == 2.5

@@ -52,7 +52,7 @@ def test_self_draft_accepts_everything(target):
     _, stats = speculative_generate(target, ModelDrafter(target, "self", 64), prompt, 20, num_draft_tokens=4)
     summary = stats.summary()
     assert summary["acceptance_rate"] == 1.0
-    assert summary["tar"] == 4.0 and summary["mean_accepted_length"] == 5.0
+    assert summary["tar"] == 5.0 and summary["accepted_per_step"] == 4.0
 
 
 def test_autoregressive_baseline_matches_generate(target):

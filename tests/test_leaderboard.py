@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import re
 import shutil
@@ -11,16 +12,18 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli
-from specdraft_eval.report import specdec_block
+from specdraft_eval.record import SpecdecRecord
 from specdraft_eval.stats import GenerationStats
 
 
 def write_result(folder: Path, draft: str, tps_scale: float, task_acc: float = 0.5) -> Path:
     stats = {
-        "specdec_humaneval": GenerationStats(1, 10, 30, 12, 22, 0.1, 0.3 / tps_scale, 0.5, 1.0 / tps_scale, 22, 1.2),
-        "specdec_mmlu_cot": GenerationStats(1, 10, 30, 6, 16, 0.1, 0.3, 0.5, 0.9, 16, 1.0),
+        "specdec_humaneval": GenerationStats(1, 10, 30, 12, 22, 0.1, 0.3 / tps_scale, 0.5, 1.0 / tps_scale, 22, 1.2,
+                                             [10, 10, 10], [6, 4, 2], [4, 2, 2, 2], [2.2]),
+        "specdec_mmlu_cot": GenerationStats(1, 10, 30, 6, 16, 0.1, 0.3, 0.5, 0.9, 16, 1.0,
+                                            [10, 10, 10], [4, 2, 0], [6, 2, 2, 0], [1.6]),
     }
-    block = specdec_block("smollm2-135m-instruct", draft, 3, False, "cpu", stats)
+    block = SpecdecRecord.new("smollm2-135m-instruct", draft, 3, False, "cpu", stats).to_block()
     data = {"results": {"specdec_humaneval": {"alias": "x", "pass@1,none": task_acc, "pass@1_stderr,none": 0.1},
                         "specdec_mmlu_cot": {"exact_match,none": 0.25}},
             "config": {"specdec": block}, "date": 1764700000.0}
@@ -47,40 +50,88 @@ def test_outputs_are_complete_and_deterministic(results, tmp_path):
     assert build(results, first).returncode == 0
     assert build(results, second).returncode == 0
     names = sorted(p.name for p in first.iterdir())
-    assert names == ["README.md", "index.html", "leaderboard.csv", "tar_vs_draft_accuracy.png",
-                     "tokens_per_second_vs_draft_ms.png"]
+    assert names == ["README.md", "acceptance_by_position.png", "index.html", "leaderboard.csv",
+                     "tar_vs_draft_accuracy.png", "tokens_per_second_vs_draft_ms.png"]
     for name in names:
         assert (first / name).read_bytes() == (second / name).read_bytes(), name
     csv_lines = (first / "leaderboard.csv").read_text().splitlines()
     assert len(csv_lines) == 1 + 6
     header = csv_lines[0].split(",")
     for column in ("target", "draft", "draft_parameters_m", "draft_layers", "task", "accuracy", "tar",
-                   "mean_accepted_length", "acceptance_rate", "draft_ms_per_token", "verify_ms_per_step",
+                   "accepted_per_step", "acceptance_by_position", "tar_p50", "acceptance_rate", "draft_ms_per_token", "verify_ms_per_step",
                    "tokens_per_second", "speedup", "gamma", "hardware", "date", "lm_eval", "specdraft_eval"):
         assert column in header
-    assert "## smollm2-135m-instruct on CPU" in (first / "README.md").read_text()
+    readme = (first / "README.md").read_text()
+    assert "## smollm2-135m-instruct on CPU" in readme
+    assert "| 0.60 0.40 0.20  " in readme and "| 0.40 0.20 0.00  " in readme  # acceptance by position
 
 
-def test_skips_foreign_and_unknown_schema_files_with_a_warning(results, tmp_path):
-    (results / "other").mkdir()
-    (results / "other" / "results_hf.json").write_text(json.dumps({"results": {}, "config": {"model": "hf"}}))
-    future = json.loads(next(results.rglob("results_prompt*.json")).read_text())
-    future["config"]["specdec"]["schema_version"] = 99
-    (results / "other" / "results_future.json").write_text(json.dumps(future))
+BAD_FILES = {
+    "corrupt": '{"config": {"specdec": ',
+    "truncated": None,  # a real results file cut in half
+    "foreign": json.dumps({"results": {}, "config": {"model": "hf"}}),
+    "newer": None,  # schema version 99
+}
+
+
+def bad_file(results: Path, kind: str) -> Path:
+    """Write one unusable results file of ``kind`` into ``results/other``."""
+    good = next(results.rglob("results_prompt*.json")).read_text()
+    text = BAD_FILES[kind]
+    if kind == "truncated":
+        text = good[: len(good) // 2]
+    elif kind == "newer":
+        data = json.loads(good)
+        data["config"]["specdec"]["schema_version"] = 99
+        text = json.dumps(data)
+    path = results / "other" / f"results_{kind}.json"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+MESSAGES = {"corrupt": "not readable JSON", "truncated": "not readable JSON",
+            "foreign": "no config.specdec block", "newer": "written by a newer specdraft-eval"}
+
+
+@pytest.mark.parametrize("kind", list(BAD_FILES))
+def test_unusable_file_in_a_folder_is_skipped_with_one_warning(results, tmp_path, kind):
+    path = bad_file(results, kind)
     done = build(results, tmp_path / "out")
-    assert done.returncode == 0
-    assert "results_hf.json: no config.specdec block" in done.stderr
-    assert "results_future.json: unknown specdec schema version 99" in done.stderr
+    assert done.returncode == 0, done.stderr
+    warnings = [line for line in done.stderr.splitlines() if line.startswith("zoo: warning:")]
+    assert len(warnings) == 1 and str(path) in warnings[0] and MESSAGES[kind] in warnings[0]
+    assert "Traceback" not in done.stderr
+    assert len((tmp_path / "out" / "leaderboard.csv").read_text().splitlines()) == 1 + 6
 
 
-def test_corrupt_file_is_an_error_and_nothing_is_written(results, tmp_path):
-    (results / "results_broken.json").write_text('{"config": {"specdec": ')
+@pytest.mark.parametrize("kind", list(BAD_FILES))
+def test_unusable_named_file_is_an_error_and_nothing_is_written(results, tmp_path, kind):
+    path = bad_file(results, kind)
     out = tmp_path / "out"
-    done = build(results, out)
+    done = run_cli("zoo", "leaderboard", str(path), "--out", str(out))
     assert done.returncode == 1
-    last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("zoo: error: corrupt results file") and "results_broken.json" in last
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("zoo: error:") and str(path) in lines[0] and MESSAGES[kind] in lines[0]
     assert not out.exists() or list(out.iterdir()) == []
+
+
+def test_version_1_files_are_converted(results, tmp_path):
+    path = next(results.rglob("results_prompt*.json"))
+    data = json.loads(path.read_text())
+    block = data["config"]["specdec"]
+    old_tar = block["per_task"]["specdec_humaneval"]["accepted_per_step"]
+    block["schema_version"] = 1
+    for figures in [block, *block["per_task"].values()]:  # what version 1 wrote
+        figures["mean_accepted_length"], figures["tar"] = figures["tar"], figures.pop("accepted_per_step")
+        del figures["counters"]
+    path.write_text(json.dumps(data))
+    out = tmp_path / "out"
+    assert build(results, out).returncode == 0
+    rows = list(csv.DictReader((out / "leaderboard.csv").open()))
+    row = next(r for r in rows if r["draft"] == "prompt-lookup:3" and r["task"] == "specdec_humaneval")
+    assert float(row["tar"]) == pytest.approx(old_tar + 1, abs=1e-3)
+    assert float(row["accepted_per_step"]) == pytest.approx(old_tar, abs=1e-3)
 
 
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="Debian's chromium is not installed (.ci/run installs it)")
@@ -102,6 +153,7 @@ th.click(); th.click();
     ).stdout
     rows = re.findall(r"<tr>(.*?)</tr>", dom.split("<tbody>")[1])
     assert len(rows) == 6
+    assert "acceptance by position" in dom
     col = [h for h in re.findall(r"<th[^>]*>(.*?)</th>", dom)].index("tokens/s")
     values = [float(re.findall(r'data-v="([^"]*)"', r)[col]) for r in rows]
     assert values == sorted(values, reverse=True) and values[0] > values[-1]

@@ -19,7 +19,8 @@ COMMON = ["--include_path", "tasks", "--tasks", *TASKS, "--limit", LIMIT, "--con
           "--gen_kwargs", "max_gen_toks=48", "--log_samples"]
 SPECDEC_KEYS = {
     "target", "draft", "num_draft_tokens", "steps", "draft_tokens", "accepted_tokens", "generated_tokens", "tar",
-    "mean_accepted_length", "acceptance_rate", "draft_ms_per_token", "verify_ms_per_step", "tokens_per_second",
+    "accepted_per_step", "acceptance_rate", "drafted_per_position", "accepted_per_position",
+    "acceptance_length_histogram", "per_request_mean_accepted_length", "acceptance_rate_per_position", "draft_ms_per_token", "verify_ms_per_step", "tokens_per_second",
     "baseline_tokens_per_second", "speedup", "predicted_tokens_per_second", "per_task",
 }
 
@@ -28,6 +29,7 @@ def evaluate(out: Path, model: str, model_args: str, *extra: str) -> tuple[dict,
     """Run lm_eval; return the results JSON and each task's samples ordered by doc id."""
     done = run_cli("lm_eval", "--model", model, "--model_args", model_args, "--output_path", str(out), *COMMON, *extra)
     assert done.returncode == 0, done.stderr[-3000:]
+    (out / "stdout.txt").write_text(done.stdout)
     results = json.loads(next(out.rglob("results_*.json")).read_text())
     samples = {}
     for task in TASKS:
@@ -62,7 +64,11 @@ def test_greedy_output_identical_to_hf(hf_run, tmp_path, draft):
     assert set(block["per_task"]) == set(TASKS)
     assert block["baseline_mismatches"] == 0
     assert block["generated_tokens"] > 0 and block["speedup"] > 0
-    assert block["tar"] == pytest.approx(block["mean_accepted_length"] - 1)
+    assert block["tar"] == pytest.approx(block["accepted_per_step"] + 1)
+    for figures in [block, *block["per_task"].values()]:
+        assert sum(figures["accepted_per_position"]) == figures["accepted_tokens"]
+        assert sum(figures["acceptance_length_histogram"]) == figures["steps"]
+    assert "accept by position" in (tmp_path / "stdout.txt").read_text()
 
 
 @pytest.mark.parametrize(

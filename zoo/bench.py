@@ -269,7 +269,7 @@ def _tps(runs: list[Run]) -> float:
 
 def summarise(configs: list[Config], target, target_name: str, gamma: int, max_new_tokens: int, n_prompts: int,
               repeats: int) -> dict:
-    from specdraft_eval.report import hardware
+    from specdraft_eval.record import hardware
 
     reference = configs[0]
     assisted = {c.draft: c for c in configs if c.engine == ASSISTED}
@@ -310,7 +310,7 @@ def _step_figures(config: Config, flat: list[Run], target_s: float, draft_s: flo
     draft_calls = sum(len(r.draft_calls) for r in flat)
     if config.engine not in (OURS, OURS_DYNAMIC):  # transformers: one target call per step (no separate prefill)
         steps = sum(len(r.target_calls) for r in flat)
-        return {"tar": sum(len(r.tokens) for r in flat) / steps - 1 if steps else None,
+        return {"tar": sum(len(r.tokens) for r in flat) / steps if steps else None,
                 "draft_ms_per_token": draft_s / draft_calls * 1000 if draft_calls else None,
                 "verify_ms_per_step": target_s / steps * 1000 if steps else None,
                 "predicted_tokens_per_second": None, "prediction_deviation": None, "mean_gamma": None}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import warnings
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -11,6 +12,7 @@ import typer
 from tabulate import tabulate
 
 from specdraft_eval.errors import SpecdecError, one_line
+from zoo.rank import DEFAULT_MAX_NEW_TOKENS, DEFAULT_RESULTS, DEFAULT_TASK
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="The draft zoo: find, build, profile and rank speculative-decoding drafts for a target.")
@@ -25,8 +27,19 @@ def cli_errors(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        from specdraft_eval.record import RecordWarning
+
+        def show(message, category, *rest, _previous=warnings.showwarning, **kw):
+            if issubclass(category, RecordWarning):
+                typer.echo(f"zoo: warning: {message}", err=True)
+            else:
+                _previous(message, category, *rest, **kw)
+
         try:
-            return fn(*args, **kwargs)
+            with warnings.catch_warnings():
+                warnings.simplefilter("always", RecordWarning)
+                warnings.showwarning = show
+                return fn(*args, **kwargs)
         except SpecdecError as exc:
             typer.echo(one_line(exc).replace("specdec:", "zoo:", 1), err=True)
             raise typer.Exit(1) from None
@@ -183,23 +196,31 @@ def rank(
     target: TargetOpt = "smollm2-135m-instruct",
     gpu: Annotated[str, typer.Option(help="'this' (measure this machine) or a GPU name: "
                                      "a100-40gb, a100-80gb, h100, h200, l4, a10g, rtx-4090, cpu.")] = "this",
-    task: Annotated[str, typer.Option(help="Task whose TAR to use or measure.")] = "specdec_humaneval",
+    task: Annotated[str, typer.Option(help="Task whose TAR to use or measure.")] = DEFAULT_TASK,
     measure: Annotated[int, typer.Option(help="Measure TAR on this many prompts of the task (0: results only).")] = 0,
     drafts: Annotated[Optional[list[str]], typer.Option("--drafts", "-d", help="Drafts to rank (repeat); default: "
-                                                         "prompt-lookup, a 5-layer view, local catalog drafts.")] = None,
-    gamma: GammaOpt = "1,2,4,8",
-    results: Annotated[Optional[list[Path]], typer.Option(help="Results folders to read TAR from.")] = None,
-    max_new_tokens: Annotated[int, typer.Option(help="Tokens per measured generation.")] = 64,
+                                                         "prompt-lookup, a 5-layer view, local catalog drafts and "
+                                                         "every draft with results for the target.")] = None,
+    gamma: Annotated[Optional[str], typer.Option(help="Comma-separated γ values to rank; default: every γ up to the "
+                                                 "largest in the results (smaller ones estimated), or 1,2,4,8.")] = None,
+    results: Annotated[Optional[list[Path]], typer.Option(help="Results folders to read TAR from "
+                                                          "(default: leaderboard).")] = None,
+    max_new_tokens: Annotated[int, typer.Option(help="Tokens per measured generation.")] = DEFAULT_MAX_NEW_TOKENS,
     as_json: JsonOpt = False,
 ) -> None:
     """Rank drafts for a target and a GPU by predicted tokens/s (analytical model, measured TAR)."""
     from zoo.ranking_run import run_rank
 
-    rows = run_rank(target, gpu, task, measure, drafts, parse_gammas(gamma),
-                    results or [Path("leaderboard")], max_new_tokens)
-    emit(rows, as_json, ["draft", "predicted_tokens_per_second", "measured_tokens_per_second", "speedup",
-                         "best_gamma", "tar", "draft_ms_per_token", "kv_bytes_per_token", "tar_source",
-                         "latency_source"])
+    rows = run_rank(target, gpu, task, measure, drafts, parse_gammas(gamma) if gamma else None,
+                    results or list(DEFAULT_RESULTS), max_new_tokens)
+    if as_json:
+        emit(rows, True)
+        return
+    for row in rows:
+        row["tokens/s by γ"] = "  ".join(f"{g}: {tps:.3g}" for g, tps in row["predicted_by_gamma"].items()) or None
+    emit(rows, False, ["draft", "best_gamma", "predicted_tokens_per_second", "tokens/s by γ",
+                       "measured_tokens_per_second", "speedup", "tar", "tar_source", "draft_ms_per_token",
+                       "kv_bytes_per_token", "latency_source"])
 
 
 @app.command()
@@ -259,15 +280,9 @@ def leaderboard(
     as_json: JsonOpt = False,
 ) -> None:
     """Build the leaderboard (markdown, CSV, sortable HTML, plots) from specdec results files."""
-    import warnings
-
     from zoo import leaderboard as board
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        rows = board.collect(list(results))
-    for w in caught:
-        typer.echo(f"zoo: warning: {w.message}", err=True)
+    rows = board.collect(list(results))
     written = board.write(rows, out)
     emit({"rows": len(rows), "files": [str(p) for p in written]}, as_json)
 

@@ -1,6 +1,6 @@
 """``zoo leaderboard``: tables (markdown, CSV, HTML) and plots from lm-eval results files.
 
-Reads the ``config.specdec`` block that ``lm_eval --model specdec`` writes. Output is deterministic: rows
+Reads the ``config.specdec`` records (:mod:`specdraft_eval.record`) that ``lm_eval --model specdec`` writes. Output is deterministic: rows
 are sorted, floats rounded, and PNGs carry no software or date metadata.
 """
 
@@ -9,23 +9,20 @@ from __future__ import annotations
 import csv
 import html
 import io
-import json
-import os
-import shutil
-import tempfile
-import warnings
 from datetime import datetime, timezone
 from pathlib import Path
 
 from tabulate import tabulate
 
 from specdraft_eval.errors import SpecdecError
-from specdraft_eval.report import SCHEMA_VERSION
+from specdraft_eval.record import ResultsFile, atomic_write, scan_results
+from specdraft_eval.report import positions
 
 COLUMNS = [
     ("target", "target"), ("draft", "draft"), ("draft_parameters_m", "draft params (M)"),
     ("draft_layers", "draft layers"), ("task", "task"), ("accuracy", "accuracy"), ("tar", "TAR"),
-    ("mean_accepted_length", "mean accepted length"), ("acceptance_rate", "acceptance rate"),
+    ("tar_p50", "TAR p50 of requests"), ("accepted_per_step", "accepted/step"), ("acceptance_rate", "acceptance rate"),
+    ("acceptance_by_position", "acceptance by position"),
     ("draft_ms_per_token", "draft ms/token"), ("verify_ms_per_step", "verify ms/step"),
     ("tokens_per_second", "tokens/s"), ("speedup", "speedup"), ("gamma", "γ"), ("hardware", "hardware"),
     ("date", "date"), ("lm_eval", "lm-eval"), ("specdraft_eval", "specdraft-eval"),
@@ -39,46 +36,29 @@ def _accuracy(task_results: dict) -> tuple[str | None, float | None]:
     return None, None
 
 
-def rows_from_file(path: Path) -> list[dict]:
-    """Leaderboard rows of one results file; [] (with a warning) when it has no usable specdec block."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise SpecdecError(f"corrupt results file {path}: {exc}; regenerate or remove it") from None
-    block = (data.get("config") or {}).get("specdec") if isinstance(data, dict) else None
-    if not isinstance(block, dict):
-        warnings.warn(f"skipping {path}: no config.specdec block (not a specdec run)", stacklevel=2)
-        return []
-    if block.get("schema_version") != SCHEMA_VERSION:
-        warnings.warn(f"skipping {path}: unknown specdec schema version {block.get('schema_version')!r}", stacklevel=2)
-        return []
-    date = data.get("date")
+def rows_from_file(entry: ResultsFile) -> list[dict]:
+    """Leaderboard rows (one per task) of one results file."""
+    record, date = entry.record, entry.date
     day = datetime.fromtimestamp(float(date), tz=timezone.utc).date().isoformat() if isinstance(date, (int, float)) else str(date or "")
     rows = []
-    for task, figures in sorted(block.get("per_task", {}).items()):
-        metric, value = _accuracy(data.get("results", {}).get(task, {}))
+    for task, stats in sorted(record.per_task.items()):
+        figures = stats.summary()
+        metric, value = _accuracy(entry.results.get(task, {}))
         rows.append({
-            "target": block["target"], "draft": block["draft"], "draft_parameters_m": block.get("draft_parameters_m"),
-            "draft_layers": block.get("draft_layers"), "task": task, "metric": metric, "accuracy": value,
-            **{k: figures.get(k) for k in ("tar", "mean_accepted_length", "acceptance_rate", "draft_ms_per_token",
-                                            "verify_ms_per_step", "tokens_per_second", "speedup")},
-            "gamma": block["num_draft_tokens"], "hardware": block.get("hardware"), "date": day,
-            "lm_eval": block.get("versions", {}).get("lm-eval"),
-            "specdraft_eval": block.get("versions", {}).get("specdraft-eval"),
+            "target": record.target, "draft": record.draft, "draft_parameters_m": record.draft_parameters_m or None,
+            "draft_layers": record.draft_layers or None, "task": task, "metric": metric, "accuracy": value,
+            **{k: figures[k] for k, _ in COLUMNS if k in figures},
+            "acceptance_rate_per_position": figures["acceptance_rate_per_position"],
+            "acceptance_by_position": positions(figures["acceptance_rate_per_position"]),
+            "tar_p50": (figures["per_request_mean_accepted_length"] or {}).get("p50"),
+            "gamma": record.num_draft_tokens, "hardware": record.hardware or None, "date": day,
+            "lm_eval": record.versions.get("lm-eval"), "specdraft_eval": record.versions.get("specdraft-eval"),
         })
     return rows
 
 
 def collect(paths: list[Path]) -> list[dict]:
-    files = []
-    for root in paths:
-        if root.is_file():
-            files.append(root)
-        elif root.is_dir():
-            files += sorted(root.rglob("results_*.json"))
-        else:
-            raise SpecdecError(f"results path {root} does not exist: give folders written by lm_eval --output_path")
-    rows = [row for f in files for row in rows_from_file(f)]
+    rows = [row for entry in scan_results(paths) for row in rows_from_file(entry)]
     if not rows:
         raise SpecdecError("no specdec results found: run lm_eval --model specdec ... --output_path DIR first")
     return sorted(rows, key=lambda r: (r["target"], r["hardware"] or "", r["task"], -(r["tokens_per_second"] or 0), r["draft"]))
@@ -101,7 +81,12 @@ def markdown(rows: list[dict]) -> str:
                 tabulate([[_cell(r[k]) for k, _ in COLUMNS if k not in ("target", "hardware")] for r in group],
                          headers=[h for k, h in COLUMNS if k not in ("target", "hardware")], tablefmt="github",
                          missingval="-"), ""]
-    out += ["![tokens/s against draft latency](tokens_per_second_vs_draft_ms.png)", "",
+    out += ["Conventions: TAR is tokens emitted per verification step, the target's own token included (the "
+            "founding paper's TAR, vLLM's mean acceptance length); accepted/step excludes that token; acceptance "
+            "by position is accepted / drafted at draft positions 0, 1, 2, ...; TAR p50 of requests is the median "
+            "over requests of each request's own TAR.", "",
+            "![tokens/s against draft latency](tokens_per_second_vs_draft_ms.png)", "",
+            "![acceptance by draft position](acceptance_by_position.png)", "",
             "![TAR against the draft's own task accuracy](tar_vs_draft_accuracy.png)", ""]
     return "\n".join(out)
 
@@ -157,7 +142,18 @@ def html_page(rows: list[dict]) -> str:
     return HTML_HEAD + head + "</tr></thead><tbody>\n" + "\n".join(body) + "\n" + HTML_TAIL
 
 
-def plots(rows: list[dict], folder: Path) -> None:
+def _png(fig) -> bytes:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", metadata={"Software": None})
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def plots(rows: list[dict]) -> dict[str, bytes]:
+    """The PNGs by file name: throughput against draft latency, TAR against accuracy, acceptance by position."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -175,9 +171,7 @@ def plots(rows: list[dict], folder: Path) -> None:
     ax.set_xlabel("draft ms per token")
     ax.set_ylabel("tokens/s")
     ax.set_title(f"Throughput against draft latency: {targets[0]}")
-    fig.tight_layout()
-    fig.savefig(folder / "tokens_per_second_vs_draft_ms.png", metadata={"Software": None})
-    plt.close(fig)
+    images = {"tokens_per_second_vs_draft_ms.png": _png(fig)}
     fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
     known = [(accuracy[(r["draft"], r["task"])], r["tar"], r) for r in main
              if (r["draft"], r["task"]) in accuracy and r["tar"] is not None]
@@ -190,24 +184,26 @@ def plots(rows: list[dict], folder: Path) -> None:
     ax.set_xlabel("draft's own task accuracy")
     ax.set_ylabel("TAR")
     ax.set_title(f"TAR against the draft's own accuracy: {targets[0]}")
-    fig.tight_layout()
-    fig.savefig(folder / "tar_vs_draft_accuracy.png", metadata={"Software": None})
-    plt.close(fig)
+    images["tar_vs_draft_accuracy.png"] = _png(fig)
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
+    for row in main:
+        rates = row["acceptance_rate_per_position"]
+        if rates:
+            ax.plot(range(len(rates)), rates, marker="o", label=f"{row['draft']} ({row['task'].removeprefix('specdec_')})")
+    ax.set_xlabel("draft position (0-based)")
+    ax.set_ylabel("accepted / drafted at the position")
+    ax.set_ylim(0, 1.05)
+    if ax.lines:
+        ax.legend(fontsize=6)
+    ax.set_title(f"Acceptance by draft position: {targets[0]}")
+    images["acceptance_by_position.png"] = _png(fig)
+    return images
 
 
 def write(rows: list[dict], out: Path) -> list[Path]:
-    """Write every output into a temporary folder first, then move each into ``out``."""
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".leaderboard-", dir=out))
-    try:
-        (tmp / "README.md").write_text(markdown(rows))
-        (tmp / "leaderboard.csv").write_text(csv_text(rows))
-        (tmp / "index.html").write_text(html_page(rows))
-        plots(rows, tmp)
-        written = []
-        for f in sorted(tmp.iterdir()):
-            os.replace(f, out / f.name)
-            written.append(out / f.name)
-        return written
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    """Render every output first, then write each file atomically into ``out``."""
+    files = {"README.md": markdown(rows), "leaderboard.csv": csv_text(rows), "index.html": html_page(rows),
+             **plots(rows)}
+    for name, data in sorted(files.items()):
+        atomic_write(out / name, data)
+    return [out / name for name in sorted(files)]

@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 
 from specdraft_eval import kv
-from specdraft_eval.report import hardware
+from specdraft_eval.record import hardware, model_facts, read_profile, write_profile
 from specdraft_eval.sampling import Sampler
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.targets import cache_root
-
-SCHEMA_VERSION = 1
 
 
 def _median_ms(fn, repeats: int, warmup: int = 3) -> float:
@@ -69,30 +64,6 @@ def default_profile_path(target: str) -> Path:
     return cache_root() / "profiles" / f"{slug}.json"
 
 
-def write_json(path: Path, data: dict) -> None:
-    """Write ``data`` to ``path`` via a temporary file and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
-def read_profile(path: Path) -> dict | None:
-    if not path.is_file():
-        return None
-    data = json.loads(path.read_text())
-    if data.get("schema_version") != SCHEMA_VERSION:
-        return None
-    data["t_verify_ms"] = {int(k): v for k, v in data["t_verify_ms"].items()}
-    return data
-
-
 @torch.inference_mode()
 def width_depth_sweep(repeats: int = 7, context: int = 128) -> list[dict]:
     """ms per token of random-weight Llama models: equal parameter count at several depth/width splits,
@@ -119,15 +90,18 @@ def width_depth_sweep(repeats: int = 7, context: int = 128) -> list[dict]:
 
 def measure_and_write(target, target_name: str, drafters: list, gammas: list[int], context: int, repeats: int,
                       out: Path | None) -> dict:
-    """Measure and write (merging into an existing profile of the same target) a hardware profile."""
-    from specdraft_eval.report import model_facts
+    """Measure and write (merging into an existing profile of the same target and context) a hardware profile.
 
+    ``out`` None: the default path in the cache, where an unusable old profile is replaced with a warning; a
+    named ``out`` that is unusable is an error.
+    """
     if context < 1 or repeats < 1:
         raise SpecdecError("--context and --repeats must be >= 1")
     path = out or default_profile_path(target_name)
+    old = read_profile(path, named=out is not None) or {}
+    same = old.get("context") == context
     t_target, t_verify = target_latency(target, gammas, context, repeats)
-    old = read_profile(path) or {}
-    figures = dict(old.get("drafts", {})) if old.get("context") == context else {}
+    figures = dict(old["drafts"]) if same else {}
     for drafter in drafters:
         facts = model_facts(getattr(drafter, "model", None))
         figures[drafter.name] = {
@@ -135,9 +109,21 @@ def measure_and_write(target, target_name: str, drafters: list, gammas: list[int
             "parameters_m": facts["parameters_m"],
             "kv_bytes_per_token": facts["kv_bytes_per_token"],
         }
-    data = {"schema_version": SCHEMA_VERSION, "hardware": hardware(target.device), "target": target_name,
-            "context": context, "repeats": repeats, "t_target_ms": t_target,
-            "t_verify_ms": {**old.get("t_verify_ms", {}), **t_verify} if old.get("context") == context else t_verify,
+    data = {"hardware": hardware(target.device), "target": target_name, "context": context, "repeats": repeats,
+            "t_target_ms": t_target, "t_verify_ms": {**old["t_verify_ms"], **t_verify} if same else t_verify,
             "drafts": figures}
-    write_json(path, data)
+    write_profile(path, data)
     return {**data, "path": str(path)}
+
+
+def ensure_profile(target, target_name: str, drafters: list, gammas: list[int], context: int, repeats: int) -> dict:
+    """The cached profile of this machine, measuring first whatever it lacks (drafts, γ, or the context)."""
+    path = default_profile_path(target_name)
+    profile = read_profile(path, named=False)
+    if profile and profile["context"] == context:
+        missing = [d for d in drafters if d.name not in profile["drafts"]]
+        if not missing and set(gammas) <= set(profile["t_verify_ms"]):
+            return profile
+    else:
+        missing = drafters
+    return measure_and_write(target, target_name, missing, gammas, context, repeats, path)

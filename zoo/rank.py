@@ -1,18 +1,24 @@
 """``zoo rank``: rank drafts for a target and a GPU by the analytical model's predicted tokens/s.
 
 Latency comes from a profile of this machine (``--gpu this``) or a roofline estimate for a named GPU;
-TAR from results files for the same target, task, draft and γ, or measured on N prompts of the task.
+TAR from results files for the same target, task and draft (merged over files; smaller γ estimated from the
+per-position counts, :meth:`GenerationStats.tar_at`), or measured on N prompts of the task.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from specdraft_eval.analytical import predicted_tokens_per_second
-from specdraft_eval.engine import speculative_generate
+from specdraft_eval.record import ResultsFile
 from specdraft_eval.stats import GenerationStats
+
+DEFAULT_TASK = "specdec_humaneval"
+DEFAULT_RESULTS = (Path("leaderboard"),)
+DEFAULT_MAX_NEW_TOKENS = 64
+MEASURE_GAMMAS = (1, 2, 4, 8)
+"""γ values ranked when no ``--gamma`` is given and no results say which γ ran."""
 
 
 @dataclass
@@ -25,30 +31,41 @@ class Candidate:
     parameters_m: float | None = None
     kv_bytes_per_token: int = 0
     tar: dict[int, float] = field(default_factory=dict)
-    tar_source: str = "missing"
+    tar_source: dict[int, str] = field(default_factory=dict)  # per γ: results, estimate from a larger γ, measured
     measured_tps: dict[int, float] = field(default_factory=dict)
     t_verify_ms: dict[int, float] = field(default_factory=dict)  # measured in this draft's own runs, per γ
+    missing: str = "missing"  # what to run when there is no TAR
 
 
-def tar_from_results(paths: list[Path], target: str, task: str, draft: str) -> tuple[dict[int, float], str]:
-    """TAR per γ for ``draft`` from lm-eval results files (``config.specdec``) under ``paths``."""
-    found: dict[int, float] = {}
-    sources = []
-    for root in paths:
-        for file in sorted(Path(root).rglob("results_*.json")) if Path(root).exists() else []:
-            try:
-                block = json.loads(file.read_text())["config"]["specdec"]
-            except (KeyError, ValueError, TypeError):
-                continue
-            figures = block.get("per_task", {}).get(task)
-            if block.get("target") == target and block.get("draft") == draft and figures and figures.get("tar") is not None:
-                found[int(block["num_draft_tokens"])] = figures["tar"]
-                sources.append(file.name)
-    return found, (f"results ({len(sources)} files)" if found else "missing")
+def tar_from_results(files: list[ResultsFile], target: str, task: str, draft: str) -> tuple[dict[int, float], dict[int, str]]:
+    """TAR per γ for ``draft`` on ``task`` from fixed-γ records: records at the same γ merged (counts summed),
+    and every smaller γ not run estimated from the nearest larger γ's acceptance histogram."""
+    merged: dict[int, GenerationStats] = {}
+    hardware: dict[int, set[str]] = {}
+    for entry in files:
+        record = entry.record
+        if record.target != target or record.draft != draft or record.dynamic_gamma or task not in record.per_task:
+            continue
+        gamma = record.num_draft_tokens
+        merged[gamma] = merged.get(gamma, GenerationStats()) + record.per_task[task]
+        hardware.setdefault(gamma, set()).add(record.hardware or "unknown hardware")
+    tar, source = {}, {}
+    for gamma, stats in sorted(merged.items()):
+        if stats.steps:
+            tar[gamma] = stats.summary()["tar"]
+            source[gamma] = f"results γ={gamma} ({stats.generations} requests; {', '.join(sorted(hardware[gamma]))})"
+    for gamma, stats in sorted(merged.items()):  # smallest first: estimates come from the nearest larger γ
+        for smaller in range(1, gamma):
+            estimate = stats.tar_at(smaller)
+            if smaller not in tar and estimate is not None:
+                tar[smaller], source[smaller] = estimate, f"estimate from γ={gamma} results"
+    return tar, source
 
 
 def measure(target, drafter, prompts: list[list[int]], gammas: list[int], max_new_tokens: int) -> dict[int, GenerationStats]:
     """Run the engine on ``prompts`` at each γ; the stats give TAR and measured tokens/s."""
+    from specdraft_eval.engine import speculative_generate
+
     out = {}
     for gamma in gammas:
         total = GenerationStats()
@@ -59,30 +76,41 @@ def measure(target, drafter, prompts: list[list[int]], gammas: list[int], max_ne
     return out
 
 
-def rank(candidates: list[Candidate], t_target_ms: float, t_verify_ms: dict[int, float]) -> list[dict]:
-    """Rows sorted by predicted tokens/s at each draft's best γ (drafts without TAR last)."""
+def missing_tar_hint(target: str, task: str, draft: str) -> str:
+    """Where a draft's missing TAR would come from."""
+    return (f"missing: run `zoo rank --measure 10 --task {task}` or `lm_eval --model specdec --model_args "
+            f"pretrained={target},draft={draft},num_draft_tokens=4 --tasks {task} --include_path tasks "
+            "--output_path leaderboard/results/...`")
+
+
+def rank(candidates: list[Candidate], t_target_ms: float, t_verify_ms: dict[int, float],
+         gammas: list[int] | None = None) -> list[dict]:
+    """Rows sorted by predicted tokens/s at each draft's best γ (drafts without TAR last).
+
+    Every γ with a TAR (restricted to ``gammas`` when given) and a verification time is predicted.
+    """
     rows = []
     for c in candidates:
-        best = None
         verify = {**t_verify_ms, **c.t_verify_ms}
-        for gamma, tar in c.tar.items():
-            if gamma not in verify:
-                continue
-            tps = predicted_tokens_per_second(tar, gamma, c.t_draft_ms / 1000, verify[gamma] / 1000)
-            if best is None or tps > best[1]:
-                best = (gamma, tps)
+        predicted = {
+            gamma: predicted_tokens_per_second(tar, gamma, c.t_draft_ms / 1000, verify[gamma] / 1000)
+            for gamma, tar in sorted(c.tar.items())
+            if gamma in verify and (gammas is None or gamma in gammas)
+        }
+        best = max(predicted, key=predicted.get) if predicted else None
         rows.append(
             {
                 "draft": c.draft,
-                "predicted_tokens_per_second": best[1] if best else None,
-                "speedup": best[1] * t_target_ms / 1000 if best else None,
-                "best_gamma": best[0] if best else None,
-                "tar": c.tar.get(best[0]) if best else None,
-                "measured_tokens_per_second": c.measured_tps.get(best[0]) if best else None,
+                "best_gamma": best,
+                "predicted_tokens_per_second": predicted[best] if best else None,
+                "predicted_by_gamma": predicted,
+                "speedup": predicted[best] * t_target_ms / 1000 if best else None,
+                "tar": c.tar.get(best) if best else None,
+                "tar_source": c.tar_source[best] if best else c.missing,
+                "measured_tokens_per_second": c.measured_tps.get(best) if best else None,
                 "draft_ms_per_token": c.t_draft_ms,
                 "parameters_m": c.parameters_m,
                 "kv_bytes_per_token": c.kv_bytes_per_token,
-                "tar_source": c.tar_source,
                 "latency_source": c.draft_source,
             }
         )

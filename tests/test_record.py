@@ -1,0 +1,218 @@
+"""The measurement record: per-position counters for every draft kind, conventions, round trips, merging,
+TAR estimates at smaller γ, atomic writes, and the one-line messages for unusable files in every reader."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import run_cli, save_tiny, tiny_llama
+from specdraft_eval import speculative_generate
+from specdraft_eval.drafts.layers import layer_view
+from specdraft_eval.drafts.model import ModelDrafter
+from specdraft_eval.drafts.prompt_lookup import PromptLookupDrafter
+from specdraft_eval.record import RecordError, SpecdecRecord, atomic_write, read_profile, read_results
+from specdraft_eval.stats import GenerationStats
+from test_zoo_cli import assert_one_line_error, zoo_json
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(seed=0)
+
+
+def drafts(target):
+    return {
+        "prompt-lookup": PromptLookupDrafter(),
+        "layers": ModelDrafter(layer_view(target, [0, 3]), "layers:0,3", 64),
+        "other-model": ModelDrafter(tiny_llama(seed=1, layers=2), "other", 64),
+        "self": ModelDrafter(target, "self", 64),
+        "reduced-head": ModelDrafter(tiny_llama(seed=1, layers=2), "reduced", 64, token_ids=list(range(0, 64, 2))),
+    }
+
+
+def run_requests(target, draft, do_sample: bool, gamma: int = 4, dynamic: bool = False) -> GenerationStats:
+    total = GenerationStats()
+    for seed in range(3):
+        prompt = torch.randint(0, 64, (1, 6 + 5 * seed), generator=torch.Generator().manual_seed(seed))
+        prompt = torch.cat([prompt, prompt], dim=1)  # repeats give prompt lookup something to copy
+        _, stats = speculative_generate(target, draft, prompt, 24, num_draft_tokens=gamma, do_sample=do_sample,
+                                        temperature=0.8, seed=seed, dynamic_gamma=dynamic)
+        total = total + stats
+    return total
+
+
+@pytest.mark.parametrize("name", ["prompt-lookup", "layers", "other-model", "self", "reduced-head"])
+@pytest.mark.parametrize("do_sample,dynamic", [(False, False), (True, False), (False, True)])
+def test_per_position_counts_add_up(target, name, do_sample, dynamic):
+    draft = drafts(target)[name]
+    proposals = []  # the lengths of every proposal, seen from outside the engine's counters
+    original = draft.propose
+
+    def counting(tokens, num_tokens, sampler):
+        proposal = original(tokens, num_tokens, sampler)
+        proposals.append(len(proposal.tokens))
+        return proposal
+
+    draft.propose = counting
+    stats = run_requests(target, draft, do_sample, dynamic=dynamic)
+    s = stats.summary()
+    assert s["tar"] == pytest.approx(s["accepted_per_step"] + 1)
+    assert sum(stats.accepted_per_position) == stats.accepted_tokens
+    assert sum(stats.drafted_per_position) == stats.draft_tokens == sum(proposals)
+    assert sum(stats.acceptance_length_histogram) == stats.steps
+    assert sum(n * c for n, c in enumerate(stats.acceptance_length_histogram)) == stats.accepted_tokens
+    assert stats.drafted_per_position[0] == sum(1 for k in proposals if k)  # position 0 on every drafting step
+    assert all(a <= d for a, d in zip(stats.accepted_per_position, stats.drafted_per_position))
+    assert stats.accepted_per_position == sorted(stats.accepted_per_position, reverse=True)  # i+1 needs i
+    assert len(stats.request_tars) == 3
+    pcts = s["per_request_mean_accepted_length"]
+    assert min(stats.request_tars) <= pcts["p10"] <= pcts["p50"] <= pcts["p90"] <= max(stats.request_tars)
+
+
+def test_self_draft_accepts_every_position(target):
+    stats = run_requests(target, drafts(target)["self"], False)
+    assert stats.summary()["tar"] > 4.0
+    assert stats.accepted_per_position == stats.drafted_per_position
+
+
+def test_record_round_trips_and_merges(target):
+    per_task = {"a": run_requests(target, drafts(target)["layers"], False),
+                "b": run_requests(target, PromptLookupDrafter(), True)}
+    record = SpecdecRecord.new("t", "layers:0,3", 4, False, "cpu", per_task, draft_model=target)
+    block = json.loads(json.dumps(record.to_block()))
+    again = SpecdecRecord.from_block(block)
+    assert again == record
+    assert again.to_block() == block
+    assert block["tar"] == pytest.approx(block["accepted_per_step"] + 1)
+    for figures in block["per_task"].values():
+        assert figures["tar"] == pytest.approx(figures["accepted_per_step"] + 1)
+    both = record.merge(again)
+    assert both.total.steps == 2 * record.total.steps
+    assert both.total.accepted_per_position == [2 * a for a in record.total.accepted_per_position]
+    assert both.total.decode_seconds == pytest.approx(2 * record.total.decode_seconds)
+    assert both.to_block()["tar"] == pytest.approx(block["tar"])
+    with pytest.raises(Exception, match="different runs"):
+        record.merge(SpecdecRecord.new("t", "other", 4, False, "cpu", per_task))
+
+
+def test_tar_estimate_at_smaller_gamma_from_the_histogram():
+    stats = GenerationStats(steps=10, draft_tokens=40, accepted_tokens=17, acceptance_length_histogram=[3, 2, 2, 1, 2])
+    # accepted 0,1,2,3,4 tokens in 3,2,2,1,2 steps: at γ'=2 the 3s and 4s stop at 2 -> (0+2+4+2+4)/10 + 1
+    assert stats.tar_at(2) == pytest.approx(1 + 12 / 10)
+    assert stats.tar_at(1) == pytest.approx(1 + 7 / 10)
+    assert stats.tar_at(4) == pytest.approx(stats.summary()["tar"])
+    assert GenerationStats().tar_at(2) is None
+
+
+def test_atomic_write_leaves_nothing_behind_on_failure(tmp_path):
+    path = tmp_path / "f.json"
+    atomic_write(path, "old")
+
+    class Boom(str):
+        def encode(self, *args):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write(path, Boom("new"))
+    assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["f.json"]
+
+
+# --- unusable files: one line naming the file, in every reader ---------------------------------------------
+
+
+def good_results(folder: Path, draft: str = "prompt-lookup:3", gamma: int = 3, target: str = "t") -> Path:
+    stats = GenerationStats(3, 10, 30, 12, 22, 0.1, 0.3, 0.5, 1.0, 22, 1.2, [10, 10, 10], [6, 4, 2], [4, 2, 2, 2],
+                            [2.0, 2.2, 2.4])
+    record = SpecdecRecord.new(target, draft, gamma, False, "cpu", {"specdec_humaneval": stats})
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"results_{draft.replace(':', '_').replace(',', '_').replace('/', '_')}_{gamma}.json"
+    path.write_text(json.dumps({"results": {"specdec_humaneval": {"pass@1,none": 0.0}},
+                                "config": {"specdec": record.to_block()}, "date": 1764700000.0}))
+    return path
+
+
+def bad(folder: Path, kind: str, good: str) -> Path:
+    text = {"corrupt": "{oops", "truncated": good[: len(good) // 2],
+            "foreign": json.dumps({"config": {"model": "hf"}, "results": {}})}.get(kind)
+    if kind == "newer":
+        data = json.loads(good)
+        (data["config"]["specdec"] if "config" in data else data)["schema_version"] = 99
+        text = json.dumps(data)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"results_{kind}.json"
+    path.write_text(text)
+    return path
+
+
+MESSAGES = {"corrupt": "not readable JSON", "truncated": "not readable JSON", "foreign": "no config.specdec",
+            "newer": "written by a newer specdraft-eval"}
+KINDS = list(MESSAGES)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_read_results_names_the_file(tmp_path, kind):
+    path = bad(tmp_path, kind, good_results(tmp_path / "ok").read_text())
+    with pytest.raises(RecordError, match=MESSAGES[kind]) as info:
+        read_results(path)
+    assert str(path) in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    return save_tiny(tmp_path_factory.mktemp("record") / "target", layers=4)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_rank_warns_once_for_a_bad_file_in_a_folder_and_errors_for_a_named_one(tiny, tmp_path, kind):
+    results = tmp_path / "results"
+    good = good_results(results / "ok", target=str(tiny))
+    path = bad(results / "bad", kind, good.read_text())
+    base = ["zoo", "rank", "--target", str(tiny), "--gpu", "h100", "--drafts", "prompt-lookup"]
+    done = run_cli(*base, "--results", str(results), "--json")
+    assert done.returncode == 0, done.stderr
+    warnings = [l for l in done.stderr.splitlines() if l.startswith("zoo: warning:")]
+    assert len(warnings) == 1 and str(path) in warnings[0] and MESSAGES[kind] in warnings[0]
+    assert json.loads(done.stdout)[0]["predicted_tokens_per_second"] > 0
+    assert_one_line_error(run_cli(*base, "--results", str(path)), str(path))
+
+
+PROFILE_GOOD = {"kind": "specdraft_eval.profile", "schema_version": 1, "hardware": "cpu", "target": "t",
+                "context": 16, "repeats": 1, "t_target_ms": 1.0, "t_verify_ms": {"1": 1.0}, "drafts": {}}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_profile_reader_errors_for_a_named_file_and_warns_for_the_cached_one(tiny, tmp_path, kind):
+    path = bad(tmp_path, kind, json.dumps(PROFILE_GOOD))
+    message = MESSAGES[kind] if kind != "foreign" else "not a zoo profile"
+    with pytest.raises(RecordError, match=message):
+        read_profile(path, named=True)
+    with pytest.warns(UserWarning, match=message):
+        assert read_profile(path, named=False) is None
+    args = ["zoo", "profile", "--target", str(tiny), "--gamma", "1", "--repeats", "1", "--context", "8"]
+    assert_one_line_error(run_cli(*args, "--out", str(path)), str(path))
+
+
+def test_profile_then_rank_runs_clean(tiny, tmp_path):
+    """The crash of issue 12: a profile at another context, then rank on this machine."""
+    env = {"SPECDRAFT_EVAL_CACHE": str(tmp_path)}
+    zoo_json("profile", "--target", str(tiny), "--context", "16", "--repeats", "1", "--gamma", "1", env=env)
+    rows = zoo_json("rank", "--target", str(tiny), "--gpu", "this", "--gamma", "1,2", "--results", str(tmp_path),
+                    "--drafts", "prompt-lookup", "--drafts", "layers:0-1", env=env)
+    assert {r["draft"] for r in rows} == {"prompt-lookup:3", "layers:0,1"}
+    assert all(r["tar_source"].startswith("missing: run") for r in rows)
+
+
+def test_rank_estimates_every_smaller_gamma_from_results(tiny, tmp_path):
+    results = tmp_path / "results"
+    good_results(results, target=str(tiny), gamma=3)
+    done = run_cli("zoo", "rank", "--target", str(tiny), "--gpu", "a100-80gb", "--results", str(results))
+    assert done.returncode == 0, done.stderr
+    rows = zoo_json("rank", "--target", str(tiny), "--gpu", "a100-80gb", "--results", str(results))
+    row = next(r for r in rows if r["draft"] == "prompt-lookup:3")
+    assert set(row["predicted_by_gamma"]) == {"1", "2", "3"}
+    assert "1: " in done.stdout and "3: " in done.stdout
+    assert row["tar_source"].startswith("results γ=3") or row["tar_source"] == "estimate from γ=3 results"
