@@ -11,12 +11,11 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from specdraft_eval.errors import SpecdecError
+from specdraft_eval.record import atomic_output
 
 
 @dataclass(frozen=True)
@@ -110,14 +109,11 @@ def _convert_gguf(source: ModelSource, target: Path) -> None:
     rebuilt = AutoModelForCausalLM.from_config(config)
     rebuilt.load_state_dict(loaded.state_dict())
     rebuilt.generation_config = loaded.generation_config
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
-        rebuilt.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        os.replace(tmp, target)
+        with atomic_output(target, directory=True) as tmp:
+            rebuilt.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
     except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
         if not (target / "config.json").is_file():  # another process may have won the race
             raise
 

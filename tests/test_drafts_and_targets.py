@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import save_tiny, tiny_llama, word_tokenizer
+from conftest import save_tiny, tiny_llama
 from specdraft_eval import SpecdecError, load_draft, load_target, speculative_generate
 from specdraft_eval.drafts import draft_kinds
 from specdraft_eval.drafts.layers import layer_view, parse_layers

@@ -11,27 +11,16 @@ import torch
 
 from conftest import run_cli, save_tiny, tiny_llama
 from specdraft_eval import speculative_generate
-from specdraft_eval.drafts.layers import layer_view
-from specdraft_eval.drafts.model import ModelDrafter
 from specdraft_eval.drafts.prompt_lookup import PromptLookupDrafter
 from specdraft_eval.record import RecordError, SpecdecRecord, atomic_write, read_profile, read_results
 from specdraft_eval.stats import GenerationStats
+from test_engine import drafts
 from test_zoo_cli import assert_one_line_error, zoo_json
 
 
 @pytest.fixture(scope="module")
 def target():
     return tiny_llama(seed=0)
-
-
-def drafts(target):
-    return {
-        "prompt-lookup": PromptLookupDrafter(),
-        "layers": ModelDrafter(layer_view(target, [0, 3]), "layers:0,3", 64),
-        "other-model": ModelDrafter(tiny_llama(seed=1, layers=2), "other", 64),
-        "self": ModelDrafter(target, "self", 64),
-        "reduced-head": ModelDrafter(tiny_llama(seed=1, layers=2), "reduced", 64, token_ids=list(range(0, 64, 2))),
-    }
 
 
 def run_requests(target, draft, do_sample: bool, gamma: int = 4, dynamic: bool = False) -> GenerationStats:

@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 from collections import Counter
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -20,6 +18,7 @@ import torch
 from specdraft_eval.drafts.layers import layer_view, parse_layers
 from specdraft_eval.drafts.model import DRAFT_VOCAB_FILE
 from specdraft_eval.errors import SpecdecError
+from specdraft_eval.record import atomic_output
 from specdraft_eval.offline_data import humaneval_problems, mmlu_cot_docs, task_prompts
 
 SELECTIONS = ("first", "uniform", "block-influence")
@@ -157,18 +156,12 @@ def frequent_tokens(tokenizer, texts: list[str], k: int) -> list[int]:
 
 def save_atomically(model, tokenizer, out: Path, meta: dict, draft_vocab: list[int] | None = None) -> None:
     """Write a normal HF model directory plus ``zoo.json``; nothing appears at ``out`` until complete."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    try:
+    with atomic_output(out, directory=True) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / "zoo.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
         if draft_vocab is not None:
             (tmp / DRAFT_VOCAB_FILE).write_text(json.dumps(draft_vocab) + "\n")
-        os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def resolve_keep(model, tokenizer, layers: int | None, keep: str | None, select: str, texts: list[str]) -> list[int]:
