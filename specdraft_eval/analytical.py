@@ -21,3 +21,33 @@ def predicted_tokens_per_second(tar: float, gamma: float, t_draft: float, t_veri
 def predicted_speedup(tar: float, gamma: float, t_draft: float, t_verify: float, t_target: float) -> float:
     """Predicted speedup over autoregressive decoding at ``t_target`` seconds per token."""
     return predicted_tokens_per_second(tar, gamma, t_draft, t_verify) * t_target
+
+
+def steps_by_draft_length(drafted_per_position: list[int], steps: int) -> dict[int, int]:
+    """How many steps drafted exactly k tokens, from per-position counts: ``drafted_per_position[i]`` steps
+    drafted at least i + 1 tokens."""
+    at_least = [steps, *drafted_per_position, 0]
+    return {k: at_least[k] - at_least[k + 1] for k in range(len(at_least) - 1) if at_least[k] - at_least[k + 1]}
+
+
+def predicted_from_latencies(stats, latencies: dict) -> float | None:
+    """Tokens/s a run's counts predict with *separately measured* latencies (a profile), never its own seconds.
+
+    ``latencies``: ``t_verify_ms`` {k: ms to verify k draft tokens}, ``t_draft_ms`` (per drafted token) and
+    ``draft_prefill_ms_per_token`` (the draft's own prompt processing). Each step that drafted k tokens
+    costs k·t_draft + t_verify(k) (the mix of k from the per-position counts; with none, every step at the
+    mean γ); the draft reads each prompt once. None when a needed latency is missing.
+    """
+    if not stats.steps or not stats.generated_tokens:
+        return None
+    verify = {int(k): v / 1000 for k, v in latencies["t_verify_ms"].items()}
+    t_draft = latencies["t_draft_ms"] / 1000
+    if stats.drafted_per_position or not stats.draft_tokens:
+        mix = steps_by_draft_length(stats.drafted_per_position, stats.steps)
+    else:  # no per-position counts (a schema-1 record): every step at the nearest measured γ
+        mix = {round(stats.draft_tokens / stats.steps): stats.steps}
+    if any(k not in verify for k in mix):
+        return None
+    seconds = sum(n * (k * t_draft + verify[k]) for k, n in mix.items())
+    seconds += stats.prompt_tokens * latencies.get("draft_prefill_ms_per_token", 0.0) / 1000
+    return stats.generated_tokens / seconds

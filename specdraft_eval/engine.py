@@ -24,7 +24,8 @@ StopCheck = Callable[[list[int]], bool]
 """Called with the tokens generated so far; True ends generation (lm-eval's stop sequences)."""
 
 
-def _clock(device: torch.device) -> float:
+def clock(device: torch.device) -> float:
+    """Seconds, after waiting for the device's queued work (the one clock for every timing)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter()
@@ -97,6 +98,17 @@ def _verify(logits: torch.Tensor, proposal: Proposal, sampler: Sampler) -> tuple
     return len(drafted), int(sampler.sample(p[len(drafted)][None]))
 
 
+def verify_step(target, cache: "kv.DynamicCache", tokens: list[int], proposal: Proposal, sampler: Sampler) -> tuple[int, int]:
+    """One verification: run ``[last, *drafted]`` through the target on top of ``cache`` (which holds all of
+    ``tokens`` but the last), accept, and roll the cache back to the accepted length. Returns (accepted draft
+    tokens, the target's next token). ``zoo profile`` times exactly this call."""
+    k = len(proposal.tokens)
+    logits = kv.forward(target, [tokens[-1], *proposal.tokens], cache, k + 1)  # [k + 1, vocab]
+    accepted, next_token = _verify(logits, proposal, sampler)
+    kv.rollback(cache, len(tokens) + accepted)
+    return accepted, next_token
+
+
 def _finish(tokens: list[int], eos: set[int], max_new_tokens: int) -> tuple[list[int], bool]:
     """Cut at the first EOS (kept) and at the budget; say whether generation is over."""
     for i, token in enumerate(tokens[:max_new_tokens]):
@@ -105,7 +117,7 @@ def _finish(tokens: list[int], eos: set[int], max_new_tokens: int) -> tuple[list
     return tokens[:max_new_tokens], len(tokens) >= max_new_tokens
 
 
-def _prefill(target, prompt: list[int]) -> "kv.DynamicCache":
+def prefill(target, prompt: list[int]) -> "kv.DynamicCache":
     cache = kv.new_cache()
     if len(prompt) > 1:
         kv.forward(target, prompt[:-1], cache, 1)
@@ -137,29 +149,27 @@ def speculative_generate(
     if not isinstance(num_draft_tokens, int) or isinstance(num_draft_tokens, bool) or num_draft_tokens < 1:
         raise SpecdecError(f"num_draft_tokens must be an integer >= 1 (got {num_draft_tokens!r})")
     prompt, sampler, eos = _setup(target, input_ids, max_new_tokens, do_sample, temperature, top_k, top_p, seed, eos_token_id)
-    stats = GenerationStats(generations=1)
+    stats = GenerationStats(generations=1, prompt_tokens=len(prompt))
     if max_new_tokens == 0:
         return [], stats
     device = target.device
-    start = _clock(device)
-    cache = _prefill(target, prompt)
+    start = clock(device)
+    cache = prefill(target, prompt)
     draft.reset()
-    decode_start = _clock(device)
+    decode_start = clock(device)
     stats.prefill_seconds = decode_start - start
     tokens, new = list(prompt), []
     controller = GammaController(num_draft_tokens, 4 * num_draft_tokens) if dynamic_gamma else None
     done = False
     while not done:
-        t0 = _clock(device)
+        t0 = clock(device)
         gamma = controller.gamma if controller else num_draft_tokens
         budget = min(gamma, max_new_tokens - len(new) - 1)
         proposal = draft.propose(tokens, budget, sampler) if budget > 0 else Proposal([])
-        t1 = _clock(device)
+        t1 = clock(device)
         k = len(proposal.tokens)
-        logits = kv.forward(target, [tokens[-1], *proposal.tokens], cache, k + 1)
-        accepted, next_token = _verify(logits, proposal, sampler)
-        kv.rollback(cache, len(tokens) + accepted)
-        t2 = _clock(device)
+        accepted, next_token = verify_step(target, cache, tokens, proposal, sampler)
+        t2 = clock(device)
         stats.record_step(k, accepted)
         stats.draft_seconds += t1 - t0
         stats.verify_seconds += t2 - t1
@@ -169,7 +179,7 @@ def speculative_generate(
         done = done or (stop is not None and stop(new))
         if controller:
             controller.update(k, accepted, t1 - t0, t2 - t1)
-    stats.decode_seconds = _clock(device) - decode_start
+    stats.decode_seconds = clock(device) - decode_start
     stats.generated_tokens = len(new)
     stats.end_request()
     return new, stats
@@ -194,8 +204,8 @@ def autoregressive_generate(
     if max_new_tokens <= 0:
         return [], stats
     device = target.device
-    cache = _prefill(target, prompt)
-    decode_start = _clock(device)
+    cache = prefill(target, prompt)
+    decode_start = clock(device)
     new: list[int] = []
     last, done = prompt[-1], False
     while not done:
@@ -203,6 +213,6 @@ def autoregressive_generate(
         last = int(sampler.sample(sampler.probs(logits))) if do_sample else int(logits[-1].argmax())
         new, done = _finish(new + [last], eos, max_new_tokens)
         done = done or (stop is not None and stop(new))
-    stats.baseline_seconds = _clock(device) - decode_start
+    stats.baseline_seconds = clock(device) - decode_start
     stats.baseline_tokens = len(new)
     return new, stats

@@ -17,7 +17,7 @@ from lm_eval.models.huggingface import HFLM
 from specdraft_eval.drafts import load_draft
 from specdraft_eval.engine import autoregressive_generate, speculative_generate
 from specdraft_eval.errors import SpecdecError, one_line
-from specdraft_eval.record import SpecdecRecord
+from specdraft_eval.record import SpecdecRecord, default_profile_path, profile_latencies, read_profile
 from specdraft_eval.report import table
 from specdraft_eval.stats import GenerationStats
 from specdraft_eval.targets import ALIASES, DEFAULT_TARGET, local_dir, resolve
@@ -172,6 +172,7 @@ class SpecDecLM(HFLM):
 
     def specdec_info(self) -> dict:
         """The ``specdec`` block for the results file."""
+        profile = read_profile(default_profile_path(self.target_name, str(self.device)), named=False)
         return SpecdecRecord.new(
             self.target_name,
             self._drafter.name,
@@ -181,6 +182,7 @@ class SpecDecLM(HFLM):
             dict(self._stats),
             self._baseline_mismatches,
             getattr(self._drafter, "model", None),
+            profile_latencies(profile, self._drafter.name),
         ).to_block()
 
     def get_model_info(self) -> dict:

@@ -24,11 +24,14 @@ from dataclasses import dataclass, field, fields, replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from specdraft_eval.analytical import predicted_from_latencies
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.stats import GenerationStats
 
 SCHEMA_VERSION = 2
-PROFILE_SCHEMA_VERSION = 1
+PROFILE_SCHEMA_VERSION = 2
+"""2: latencies measured as the engine runs (growing cache, the engine's clock), t_verify_ms keyed by the
+number of draft tokens k (0: an autoregressive step), with spreads; 1 (timed on a fixed cache) is re-measured."""
 COUNTER_FIELDS = {f.name for f in fields(GenerationStats)}
 
 
@@ -152,15 +155,17 @@ class SpecdecRecord:
     draft_layers: int = 0
     baseline_mismatches: int = 0
     per_task: dict[str, GenerationStats] = field(default_factory=dict)
+    latencies: dict | None = None  # separately measured (a profile): what predicted_tokens_per_second uses
 
     @classmethod
     def new(cls, target: str, draft: str, num_draft_tokens: int, dynamic_gamma: bool, device,
-            per_task: dict[str, GenerationStats], baseline_mismatches: int = 0, draft_model=None) -> "SpecdecRecord":
+            per_task: dict[str, GenerationStats], baseline_mismatches: int = 0, draft_model=None,
+            latencies: dict | None = None) -> "SpecdecRecord":
         """A record of a run on ``device`` now (hardware name and package versions filled in)."""
         facts = model_facts(draft_model)
         return cls(target, draft, num_draft_tokens, dynamic_gamma, hardware(device),
                    {p: _version(p) for p in ("specdraft-eval", "lm-eval", "torch", "transformers")},
-                   facts["parameters_m"], facts["layers"], baseline_mismatches, dict(per_task))
+                   facts["parameters_m"], facts["layers"], baseline_mismatches, dict(per_task), latencies)
 
     @property
     def total(self) -> GenerationStats:
@@ -181,6 +186,10 @@ class SpecdecRecord:
     def to_block(self) -> dict:
         """The ``config.specdec`` block of a results file."""
         total = self.total
+
+        def predicted(stats: GenerationStats) -> float | None:
+            return predicted_from_latencies(stats, self.latencies) if self.latencies else None
+
         return {
             "schema_version": SCHEMA_VERSION,
             "target": self.target,
@@ -193,9 +202,12 @@ class SpecdecRecord:
             "versions": self.versions,
             "generations": total.generations,
             **total.summary(),
+            "predicted_tokens_per_second": predicted(total),
+            "latencies": self.latencies,
             "baseline_mismatches": self.baseline_mismatches,
             "counters": total.as_dict(),
-            "per_task": {task: {"generations": s.generations, **s.summary(), "counters": s.as_dict()}
+            "per_task": {task: {"generations": s.generations, **s.summary(),
+                                "predicted_tokens_per_second": predicted(s), "counters": s.as_dict()}
                          for task, s in sorted(self.per_task.items())},
         }
 
@@ -211,7 +223,8 @@ class SpecdecRecord:
             return cls(block["target"], block["draft"], int(block["num_draft_tokens"]),
                        bool(block.get("dynamic_gamma", False)), block.get("hardware") or "",
                        block.get("versions") or {}, block.get("draft_parameters_m") or 0.0,
-                       block.get("draft_layers") or 0, int(block.get("baseline_mismatches", 0)), per_task)
+                       block.get("draft_layers") or 0, int(block.get("baseline_mismatches", 0)), per_task,
+                       block.get("latencies"))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise RecordError(f"{path}: malformed specdec record ({type(exc).__name__}: {exc}); "
                               "regenerate or remove it") from None
@@ -278,12 +291,28 @@ def scan_results(paths: list[Path]) -> list[ResultsFile]:
 # --- profiles ----------------------------------------------------------------------------------------------
 
 
+def default_profile_path(target: str, device: str | None = None) -> Path:
+    """Where this machine's profile of ``target`` is cached (per hardware and target)."""
+    import re
+
+    import torch
+
+    from specdraft_eval.targets import cache_root
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{hardware(device)}--{target}")
+    return cache_root() / "profiles" / f"{slug}.json"
+
+
 def write_profile(path: Path, data: dict) -> None:
     write_json(path, {**data, "schema_version": PROFILE_SCHEMA_VERSION, "kind": "specdraft_eval.profile"})
 
 
 def read_profile(path: Path, named: bool) -> dict | None:
-    """A profile file, or None when absent. Unusable: an error if the user ``named`` it, else a warning and None."""
+    """A profile file, or None when absent or of an older schema (a cache: measured again).
+
+    Unusable: an error if the user ``named`` it, else a warning and None.
+    """
     if not Path(path).is_file():
         return None
     try:
@@ -291,7 +320,10 @@ def read_profile(path: Path, named: bool) -> dict | None:
         if not isinstance(data, dict) or data.get("kind") != "specdraft_eval.profile":
             raise RecordError(f"{path}: not a zoo profile; give another --out or remove it")
         _check_version(Path(path), data.get("schema_version"), PROFILE_SCHEMA_VERSION, "profile")
+        if data["schema_version"] < PROFILE_SCHEMA_VERSION:
+            return None
         data["t_verify_ms"] = {int(k): float(v) for k, v in data["t_verify_ms"].items()}
+        data["t_verify_spread"] = {int(k): v for k, v in data.get("t_verify_spread", {}).items()}
         data["t_target_ms"], data["context"] = float(data["t_target_ms"]), int(data["context"])
         if not isinstance(data.get("drafts"), dict):
             raise TypeError("drafts is not a mapping")
@@ -305,3 +337,13 @@ def read_profile(path: Path, named: bool) -> dict | None:
         warnings.warn(f"ignoring {error}; measuring again", RecordWarning, stacklevel=2)
         return None
     return data
+
+
+def profile_latencies(profile: dict | None, draft: str) -> dict | None:
+    """What a prediction for ``draft`` needs from a profile (None when the profile lacks the draft)."""
+    if not profile or draft not in profile["drafts"]:
+        return None
+    figures = profile["drafts"][draft]
+    return {"t_verify_ms": {str(k): v for k, v in sorted(profile["t_verify_ms"].items())},
+            "t_draft_ms": figures["t_draft_ms"], "draft_prefill_ms_per_token": figures["draft_prefill_ms_per_token"],
+            "source": f"profile on {profile['hardware']} at context {profile['context']}"}

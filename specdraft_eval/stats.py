@@ -18,8 +18,6 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 
-from specdraft_eval.analytical import predicted_tokens_per_second
-
 POSITION_FIELDS = ("drafted_per_position", "accepted_per_position", "acceptance_length_histogram")
 
 
@@ -43,7 +41,8 @@ class GenerationStats:
 
     Times are seconds. ``decode_seconds`` excludes the target's prompt prefill (identical work with
     or without a draft); the draft's own prompt processing counts as draft time. ``request_tars`` holds
-    each request's own TAR (tokens emitted per step), in the order the requests ran.
+    each request's own TAR (tokens emitted per step), in the order the requests ran; ``prompt_tokens`` the
+    speculative requests' prompt lengths, summed.
     """
 
     generations: int = 0
@@ -61,6 +60,7 @@ class GenerationStats:
     accepted_per_position: list[int] = field(default_factory=list)
     acceptance_length_histogram: list[int] = field(default_factory=list)
     request_tars: list[float] = field(default_factory=list)
+    prompt_tokens: int = 0
 
     def __add__(self, other: "GenerationStats") -> "GenerationStats":
         merged = {}
@@ -95,18 +95,17 @@ class GenerationStats:
         return (accepted + self.steps) / self.steps
 
     def summary(self) -> dict:
-        """The figures users read: TAR, acceptance (overall and per position), latencies, throughput, speedup."""
+        """The figures users read: TAR, acceptance (overall and per position), latencies, throughput, speedup.
+
+        ``loop_overhead`` is the share of decode time outside the draft's and the target's passes; the
+        prediction of throughput needs separately measured latencies (:func:`analytical.predicted_from_latencies`).
+        """
         steps, drafted = self.steps, self.draft_tokens
         tar = (self.accepted_tokens + steps) / steps if steps else None
         t_draft = self.draft_seconds / drafted if drafted else 0.0
         t_verify = self.verify_seconds / steps if steps else None
         tps = self.generated_tokens / self.decode_seconds if self.decode_seconds > 0 else None
         base_tps = self.baseline_tokens / self.baseline_seconds if self.baseline_seconds > 0 else None
-        predicted = (
-            predicted_tokens_per_second(tar, drafted / steps, t_draft, t_verify)
-            if steps and t_verify
-            else None
-        )
         per_request = (
             {f"p{q}": _percentile(self.request_tars, q / 100) for q in (10, 50, 90)} if self.request_tars else None
         )
@@ -132,5 +131,6 @@ class GenerationStats:
             "tokens_per_second": tps,
             "baseline_tokens_per_second": base_tps,
             "speedup": tps / base_tps if tps and base_tps else None,
-            "predicted_tokens_per_second": predicted,
+            "loop_overhead": 1 - (self.draft_seconds + self.verify_seconds) / self.decode_seconds
+            if self.decode_seconds > 0 and steps else None,
         }

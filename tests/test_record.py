@@ -169,7 +169,7 @@ def test_rank_warns_once_for_a_bad_file_in_a_folder_and_errors_for_a_named_one(t
     assert_one_line_error(run_cli(*base, "--results", str(path)), str(path))
 
 
-PROFILE_GOOD = {"kind": "specdraft_eval.profile", "schema_version": 1, "hardware": "cpu", "target": "t",
+PROFILE_GOOD = {"kind": "specdraft_eval.profile", "schema_version": 2, "hardware": "cpu", "target": "t",
                 "context": 16, "repeats": 1, "t_target_ms": 1.0, "t_verify_ms": {"1": 1.0}, "drafts": {}}
 
 

@@ -98,7 +98,10 @@ def test_profile_writes_a_profile(tiny, tmp_path):
     data = zoo_json("profile", "--target", str(tiny), "--drafts", "prompt-lookup", "--drafts", "layers:0-1",
                     "--gamma", "1,2", "--repeats", "2", "--context", "16", "--out", str(path))
     saved = json.loads(path.read_text())
-    assert saved["t_target_ms"] > 0 and set(saved["t_verify_ms"]) == {"1", "2"}
+    assert saved["t_target_ms"] > 0 and set(saved["t_verify_ms"]) == {"0", "1", "2"}
+    assert saved["t_target_ms"] == saved["t_verify_ms"]["0"]
+    for k, figures in saved["t_verify_spread"].items():
+        assert figures["min"] <= figures["median"] == saved["t_verify_ms"][k] <= figures["max"] and figures["n"] == 2
     assert set(saved["drafts"]) == {"prompt-lookup:3", "layers:0,1"}
     assert data["drafts"]["layers:0,1"]["kv_bytes_per_token"] > 0
 

@@ -163,7 +163,8 @@ def profile(
     drafts: Annotated[Optional[list[str]], typer.Option("--drafts", "-d", help="Drafts to time (repeat the option).")] = None,
     gamma: GammaOpt = "1,2,4,8",
     context: Annotated[int, typer.Option(help="Context length (tokens) at which to time.")] = 256,
-    repeats: Annotated[int, typer.Option(help="Timed repeats per figure; medians are reported.")] = 9,
+    repeats: Annotated[int, typer.Option(help="Timed decoding steps per figure (after a warm-up); medians, with "
+                                         "min and max kept.")] = 16,
     out: Annotated[Optional[Path], typer.Option(help="Profile file (default: in the cache, reused by rank).")] = None,
     sweep: Annotated[bool, typer.Option(help="Instead: latency vs depth and width of random-weight models.")] = False,
     as_json: JsonOpt = False,
@@ -184,9 +185,14 @@ def profile(
     if as_json:
         emit(data, True)
         return
-    typer.echo(f"target {target} on {data['hardware']}: {data['t_target_ms']:.2f} ms/token autoregressive")
-    emit([{"gamma": g, "t_verify_ms": ms} for g, ms in data["t_verify_ms"].items()], False)
-    emit([{"draft": d, **figures} for d, figures in data["drafts"].items()], False)
+    typer.echo(f"target {target} on {data['hardware']}: {data['t_target_ms']:.2f} ms/token autoregressive "
+               f"(medians over {repeats} steps on a growing cache of {context}+ tokens; min–max beside)")
+    emit([{"draft tokens k": k, "t_verify_ms": ms,
+           "min–max": "{min:.3g}–{max:.3g}".format(**data["t_verify_spread"][k])}
+          for k, ms in sorted(data["t_verify_ms"].items())], False)
+    emit([{"draft": d, "t_draft_ms": f["t_draft_ms"], "min–max": "{min:.3g}–{max:.3g}".format(**f["t_draft_spread"]),
+           "draft_prefill_ms_per_token": f["draft_prefill_ms_per_token"], "parameters_m": f["parameters_m"],
+           "kv_bytes_per_token": f["kv_bytes_per_token"]} for d, f in data["drafts"].items()], False)
     typer.echo(f"profile written to {data['path']}")
 
 
@@ -221,6 +227,58 @@ def rank(
     emit(rows, False, ["draft", "best_gamma", "predicted_tokens_per_second", "tokens/s by γ",
                        "measured_tokens_per_second", "speedup", "tar", "tar_source", "draft_ms_per_token",
                        "kv_bytes_per_token", "latency_source"])
+
+
+@app.command()
+@cli_errors
+def validate(
+    target: TargetOpt = "smollm2-135m-instruct",
+    drafts: Annotated[Optional[list[str]], typer.Option("--drafts", "-d", help="Drafts to validate (repeat); "
+                                                         "default: prompt-lookup and layers:0-4.")] = None,
+    task: Annotated[str, typer.Option(help="Bundled task whose prompts to run.")] = DEFAULT_TASK,
+    prompts: Annotated[int, typer.Option(help="Prompts per measurement (the task's first N; the profile uses "
+                                         "the next two).")] = 4,
+    gamma: GammaOpt = "1,2,4",
+    repeats: Annotated[int, typer.Option(help="End-to-end repeats per draft and γ (medians, min, max).")] = 3,
+    max_new_tokens: Annotated[int, typer.Option(help="Tokens per generation.")] = DEFAULT_MAX_NEW_TOKENS,
+    plot: Annotated[Path, typer.Option(help="Where to write the predicted-vs-measured plot (and beside it, "
+                                       "the figures as .json).")] = Path("leaderboard/validation.png"),
+    as_json: JsonOpt = False,
+) -> None:
+    """Check the analytical model: predict tokens/s from a separate profile and measured TAR, then measure."""
+    from specdraft_eval.drafts import load_draft
+    from specdraft_eval.offline_data import task_prompts
+    from specdraft_eval.targets import load_target
+    from specdraft_eval.record import write_json
+    from zoo import validate as validation
+
+    gammas = parse_gammas(gamma)
+    validation.check_options(prompts, repeats, max_new_tokens)
+    texts = task_prompts(task)
+    if len(texts) < prompts + validation.PROFILE_PROMPTS:
+        raise SpecdecError(f"--prompts {prompts} leaves too few of {task}'s {len(texts)} prompts for the profile: "
+                           f"use at most {len(texts) - validation.PROFILE_PROMPTS}")
+    model, tokenizer = load_target(target)
+    drafters = [load_draft(name, model, tokenizer) for name in drafts or ["prompt-lookup", "layers:0-4"]]
+    ids = [tokenizer(t).input_ids[-512:] for t in texts[: prompts + validation.PROFILE_PROMPTS]]
+    with progress() as bar:
+        job = bar.add_task("profiling, then measuring", total=1 + repeats * len(drafters) * len(gammas))
+        result = validation.validate(model, target, drafters, ids[:prompts], ids[prompts:], gammas,
+                                     repeats, max_new_tokens, on_run=lambda: bar.advance(job))
+    validation.plot(result, plot)
+    write_json(plot.with_suffix(".json"), result)
+    if as_json:
+        emit(result["rows"], True)
+        return
+    typer.echo(f"target {target} on {result['hardware']}: {prompts} prompts × {max_new_tokens} tokens, "
+               f"{repeats} repeats (medians; min–max over repeats)")
+    emit([{"draft": r["draft"], "γ": r["gamma"], "predicted tok/s": r["predicted_tokens_per_second"],
+           "measured tok/s": r["measured_tokens_per_second"],
+           "measured min–max": f"{r['measured_min']:.3g}–{r['measured_max']:.3g}",
+           "deviation": f"{r['deviation']:+.1%}", "TAR": r["tar"], "loop overhead": f"{r['loop_overhead']:.1%}"}
+          for r in result["rows"]], False)
+    typer.echo(f"median |deviation| {result['median_abs_deviation']:.1%}, max {result['max_abs_deviation']:.1%}; "
+               f"plot written to {plot}")
 
 
 @app.command()

@@ -2,66 +2,83 @@
 
 from __future__ import annotations
 
-import re
 import statistics
-import time
 from pathlib import Path
 
 import torch
 
 from specdraft_eval import kv
-from specdraft_eval.record import hardware, model_facts, read_profile, write_profile
-from specdraft_eval.sampling import Sampler
 from specdraft_eval.errors import SpecdecError
-from specdraft_eval.targets import cache_root
+from specdraft_eval.record import default_profile_path, hardware, model_facts, read_profile, write_profile
+from specdraft_eval.sampling import Sampler
 
 
-def _median_ms(fn, repeats: int, warmup: int = 3) -> float:
-    for _ in range(warmup):  # first calls at a new shape pay for kernel set-up
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1000
+WARMUP_STEPS = 3
 
 
 def context_tokens(length: int, vocab: int) -> list[int]:
     return torch.randint(0, vocab, (length,), generator=torch.Generator().manual_seed(0)).tolist()
 
 
-@torch.inference_mode()
-def target_latency(target, gammas: list[int], context: int, repeats: int) -> tuple[float, dict[int, float]]:
-    """(ms per autoregressive token, {γ: ms per verification of γ drafts}) at ``context`` tokens."""
-    tokens = context_tokens(context, target.config.vocab_size)
-    cache = kv.new_cache()
-    kv.forward(target, tokens, cache, 1)
-
-    def step(n: int):
-        def run():
-            kv.forward(target, tokens[:n], cache, n)
-            kv.rollback(cache, context)
-
-        return run
-
-    t_target = _median_ms(step(1), repeats)
-    return t_target, {g: _median_ms(step(g + 1), repeats) for g in gammas}
+def spread(samples: list[float]) -> dict:
+    """Median, min and max of samples in seconds, as milliseconds."""
+    return {"median": statistics.median(samples) * 1000, "min": min(samples) * 1000, "max": max(samples) * 1000,
+            "n": len(samples)}
 
 
 @torch.inference_mode()
-def draft_latency(drafter, vocab: int, context: int, repeats: int, gamma: int = 4) -> float:
-    """ms per drafted token: propose ``gamma`` tokens after one new token, as in a decoding step."""
-    tokens = context_tokens(context, vocab)
-    sampler = Sampler()
-    drafter.reset()
-    drafter.propose(tokens, gamma, sampler)
-    return _median_ms(lambda: drafter.propose(tokens, gamma, sampler), repeats) / gamma
+def engine_latency(target, drafters: list, gammas: list[int], prompts: list[list[int]], steps: int) -> dict:
+    """Latencies as a generation experiences them, on the engine's own code and clock.
 
+    For each prompt: prefill the target as the engine does, then for ``steps`` steps (after a warm-up) on a
+    cache that grows by the target's own next token each step: time each draft's ``propose`` at every γ and
+    the target's :func:`~specdraft_eval.engine.verify_step` of k = max(γ)..0 draft tokens, rolling the cache
+    back after each, exactly as a speculative step does. Returns spreads (ms): ``t_verify`` per k, and per draft
+    ``t_draft`` per drafted token and ``draft_prefill_per_token`` (its first read of a prompt, per prompt token).
+    """
+    from specdraft_eval.drafts.base import Proposal
+    from specdraft_eval.engine import clock, prefill, verify_step
 
-def default_profile_path(target: str) -> Path:
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{hardware('cpu' if not torch.cuda.is_available() else 'cuda')}--{target}")
-    return cache_root() / "profiles" / f"{slug}.json"
+    device, sampler = target.device, Sampler()
+    verify: dict[int, list[float]] = {k: [] for k in range(max(gammas, default=0) + 1)}
+    per_token = {d.name: [] for d in drafters}
+    per_call = {d.name: [] for d in drafters}  # calls that drafted nothing (prompt lookup without a match)
+    first_read = {d.name: [] for d in drafters}  # (seconds, prompt tokens) of a draft's first propose
+    for prompt in prompts:
+        tokens = list(prompt)
+        cache = prefill(target, tokens)
+        for drafter in drafters:
+            drafter.reset()
+            start = clock(device)
+            drafter.propose(tokens, 1, sampler)
+            first_read[drafter.name].append((clock(device) - start, len(tokens)))
+        for step in range(WARMUP_STEPS + steps):
+            timed = step >= WARMUP_STEPS
+            for drafter in drafters:
+                for gamma in gammas:
+                    start = clock(device)
+                    proposal = drafter.propose(tokens, gamma, sampler)
+                    seconds = clock(device) - start
+                    if timed:
+                        k = len(proposal.tokens)
+                        (per_token[drafter.name] if k else per_call[drafter.name]).append(seconds / max(k, 1))
+            for k in sorted(verify, reverse=True):  # k = 0 last: it leaves the cache one token longer
+                filler = Proposal([tokens[-1]] * k)
+                start = clock(device)
+                _, next_token = verify_step(target, cache, tokens, filler, sampler)
+                seconds = clock(device) - start
+                if k:
+                    kv.rollback(cache, len(tokens) - 1)
+                if timed:
+                    verify[k].append(seconds)
+            tokens.append(next_token)
+    drafts = {}
+    for drafter in drafters:
+        draft = spread(per_token[drafter.name] or per_call[drafter.name])
+        # the first propose reads the prompt in place of one single-token draft forward
+        extra = [max(seconds - draft["median"] / 1000, 0.0) / length for seconds, length in first_read[drafter.name]]
+        drafts[drafter.name] = {"t_draft": draft, "draft_prefill_per_token": statistics.median(extra) * 1000}
+    return {"t_verify": {k: spread(v) for k, v in verify.items()}, "drafts": drafts}
 
 
 @torch.inference_mode()
@@ -78,7 +95,7 @@ def width_depth_sweep(repeats: int = 7, context: int = 128) -> list[dict]:
         )
         torch.manual_seed(0)
         model = LlamaForCausalLM(config).eval()
-        ms, _ = target_latency(model, [], context, repeats)
+        ms = engine_latency(model, [], [], [context_tokens(context, 1024)], repeats)["t_verify"][0]["median"]
         params = sum(p.numel() for p in model.model.layers.parameters())
         return {"group": group, "layers": layers, "hidden_size": hidden, "layer_params_m": params / 1e6, "ms_per_token": ms}
 
@@ -89,8 +106,9 @@ def width_depth_sweep(repeats: int = 7, context: int = 128) -> list[dict]:
 
 
 def measure_and_write(target, target_name: str, drafters: list, gammas: list[int], context: int, repeats: int,
-                      out: Path | None) -> dict:
-    """Measure and write (merging into an existing profile of the same target and context) a hardware profile.
+                      out: Path | None, prompts: list[list[int]] | None = None) -> dict:
+    """Measure (:func:`engine_latency`) and write a hardware profile, merging into an existing one of the same
+    target and context. ``prompts`` default: one random prompt of ``context`` tokens.
 
     ``out`` None: the default path in the cache, where an unusable old profile is replaced with a warning; a
     named ``out`` that is unusable is an error.
@@ -100,18 +118,24 @@ def measure_and_write(target, target_name: str, drafters: list, gammas: list[int
     path = out or default_profile_path(target_name)
     old = read_profile(path, named=out is not None) or {}
     same = old.get("context") == context
-    t_target, t_verify = target_latency(target, gammas, context, repeats)
+    measured = engine_latency(target, drafters, gammas, prompts or [context_tokens(context, target.config.vocab_size)],
+                              repeats)
     figures = dict(old["drafts"]) if same else {}
     for drafter in drafters:
         facts = model_facts(getattr(drafter, "model", None))
+        timing = measured["drafts"][drafter.name]
         figures[drafter.name] = {
-            "t_draft_ms": draft_latency(drafter, target.config.vocab_size, context, repeats),
-            "parameters_m": facts["parameters_m"],
-            "kv_bytes_per_token": facts["kv_bytes_per_token"],
+            "t_draft_ms": timing["t_draft"]["median"], "t_draft_spread": timing["t_draft"],
+            "draft_prefill_ms_per_token": timing["draft_prefill_per_token"],
+            "parameters_m": facts["parameters_m"], "kv_bytes_per_token": facts["kv_bytes_per_token"],
         }
+    verify = {k: v["median"] for k, v in measured["t_verify"].items()}
+    verify_spread = {k: v for k, v in measured["t_verify"].items()}
+    if same:
+        verify, verify_spread = {**old["t_verify_ms"], **verify}, {**old.get("t_verify_spread", {}), **verify_spread}
     data = {"hardware": hardware(target.device), "target": target_name, "context": context, "repeats": repeats,
-            "t_target_ms": t_target, "t_verify_ms": {**old["t_verify_ms"], **t_verify} if same else t_verify,
-            "drafts": figures}
+            "t_target_ms": verify[0], "t_verify_ms": verify,
+            "t_verify_spread": verify_spread, "drafts": figures}
     write_profile(path, data)
     return {**data, "path": str(path)}
 
@@ -122,7 +146,7 @@ def ensure_profile(target, target_name: str, drafters: list, gammas: list[int], 
     profile = read_profile(path, named=False)
     if profile and profile["context"] == context:
         missing = [d for d in drafters if d.name not in profile["drafts"]]
-        if not missing and set(gammas) <= set(profile["t_verify_ms"]):
+        if not missing and set(range(max(gammas) + 1)) <= set(profile["t_verify_ms"]):
             return profile
     else:
         missing = drafters

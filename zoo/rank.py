@@ -32,8 +32,7 @@ class Candidate:
     kv_bytes_per_token: int = 0
     tar: dict[int, float] = field(default_factory=dict)
     tar_source: dict[int, str] = field(default_factory=dict)  # per γ: results, estimate from a larger γ, measured
-    measured_tps: dict[int, float] = field(default_factory=dict)
-    t_verify_ms: dict[int, float] = field(default_factory=dict)  # measured in this draft's own runs, per γ
+    measured_tps: dict[int, float] = field(default_factory=dict)  # shown beside the prediction, never used by it
     missing: str = "missing"  # what to run when there is no TAR
 
 
@@ -91,11 +90,10 @@ def rank(candidates: list[Candidate], t_target_ms: float, t_verify_ms: dict[int,
     """
     rows = []
     for c in candidates:
-        verify = {**t_verify_ms, **c.t_verify_ms}
         predicted = {
-            gamma: predicted_tokens_per_second(tar, gamma, c.t_draft_ms / 1000, verify[gamma] / 1000)
+            gamma: predicted_tokens_per_second(tar, gamma, c.t_draft_ms / 1000, t_verify_ms[gamma] / 1000)
             for gamma, tar in sorted(c.tar.items())
-            if gamma in verify and (gammas is None or gamma in gammas)
+            if gamma in t_verify_ms and (gammas is None or gamma in gammas)
         }
         best = max(predicted, key=predicted.get) if predicted else None
         rows.append(

@@ -94,10 +94,4 @@ def run_rank(target_name: str, gpu: str = "this", task: str = DEFAULT_TASK, n_me
             c.tar = {g: s["tar"] for g, s in summaries.items()}
             c.tar_source = {g: f"measured ({len(prompts)} prompts)" for g in summaries}
             c.measured_tps = {g: s["tokens_per_second"] for g, s in summaries.items()}
-            if accelerator is None:  # this machine: the runs' own latencies beat the profile's
-                c.t_verify_ms = {g: s["verify_ms_per_step"] for g, s in summaries.items()}
-                drafted = sum(s.draft_tokens for s in stats.values())
-                if drafted:
-                    c.t_draft_ms = sum(s.draft_seconds for s in stats.values()) / drafted * 1000
-                c.draft_source = "measured"
     return rank(candidates, t_target, {g: t_verify[g] for g in wanted if g in t_verify}, gammas)
