@@ -58,6 +58,9 @@ def atomic_output(path: Path, directory: bool = False) -> Iterator[Path]:
         fd, name = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
         os.close(fd)
         tmp = Path(name)
+        umask = os.umask(0)
+        os.umask(umask)
+        tmp.chmod(0o666 & ~umask)  # mkstemp's 0600 would hide a published page or profile from other users
     try:
         yield tmp
         os.replace(tmp, path)
@@ -347,3 +350,36 @@ def profile_latencies(profile: dict | None, draft: str) -> dict | None:
     return {"t_verify_ms": {str(k): v for k, v in sorted(profile["t_verify_ms"].items())},
             "t_draft_ms": figures["t_draft_ms"], "draft_prefill_ms_per_token": figures["draft_prefill_ms_per_token"],
             "source": f"profile on {profile['hardware']} at context {profile['context']}"}
+
+
+# --- latency calibrations ----------------------------------------------------------------------------------
+
+CALIBRATION_SCHEMA_VERSION = 1
+
+
+def calibration_path(name: str) -> Path:
+    from specdraft_eval.targets import cache_root
+
+    return cache_root() / "calibrations" / f"{name.lower().replace('_', '-')}.json"
+
+
+def write_calibration(name: str, data: dict) -> Path:
+    """Store a fitted latency calibration (``zoo profile --sweep --calibrate NAME``) for ``zoo rank --gpu NAME``."""
+    path = calibration_path(name)
+    write_json(path, {**data, "name": name, "kind": "specdraft_eval.calibration",
+                      "schema_version": CALIBRATION_SCHEMA_VERSION})
+    return path
+
+
+def read_calibration(name: str) -> dict | None:
+    """The calibration named ``name``, or None; an unusable one is an error naming the file."""
+    path = calibration_path(name)
+    if not path.is_file():
+        return None
+    data = _load_json(path)
+    if not isinstance(data, dict) or data.get("kind") != "specdraft_eval.calibration":
+        raise RecordError(f"{path}: not a zoo calibration; remove it or calibrate again")
+    _check_version(path, data.get("schema_version"), CALIBRATION_SCHEMA_VERSION, "calibration")
+    if not all(isinstance(data.get(k), (int, float)) for k in ("per_layer_ms", "bandwidth_gb_s")):
+        raise RecordError(f"{path}: malformed calibration; calibrate again with zoo profile --sweep --calibrate {name}")
+    return data

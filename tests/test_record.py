@@ -192,7 +192,7 @@ def test_profile_then_rank_runs_clean(tiny, tmp_path):
     rows = zoo_json("rank", "--target", str(tiny), "--gpu", "this", "--gamma", "1,2", "--results", str(tmp_path),
                     "--drafts", "prompt-lookup", "--drafts", "layers:0-1", env=env)
     assert {r["draft"] for r in rows} == {"prompt-lookup:3", "layers:0,1"}
-    assert all(r["tar_source"].startswith("missing: run") for r in rows)
+    assert all(r["tar_source"].startswith("missing: ") for r in rows)
 
 
 def test_rank_estimates_every_smaller_gamma_from_results(tiny, tmp_path):

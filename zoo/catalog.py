@@ -37,9 +37,19 @@ def entries(target: str | None = None) -> list[dict]:
     return [{"family": name, **draft} for name, entry in families.items() for draft in entry["drafts"]]
 
 
+def targets() -> list[dict]:
+    """Catalog targets (the founding paper's), with their family."""
+    return [{"family": name, **t} for name, entry in load()["families"].items() for t in entry.get("targets", [])]
+
+
 def find(name: str) -> dict | None:
-    """The catalog entry named ``name`` or with hub id ``name``."""
-    for entry in entries():
-        if name in (entry["name"], entry["hub_id"]):
+    """The catalog draft or target named ``name`` or with hub id ``name`` (case-insensitive)."""
+    lowered = name.lower()
+    for entry in entries() + targets():
+        if lowered in (entry["name"].lower(), entry["hub_id"].lower()):
             return entry
     return None
+
+
+def vocab_size(family: str) -> int:
+    return load()["families"][family]["vocab_size"]

@@ -70,6 +70,12 @@ def emit(rows: list[dict] | dict, as_json: bool, headers: list[str] | None = Non
                         floatfmt=floatfmt, missingval="-"))
 
 
+def torch_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def progress():
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -166,14 +172,36 @@ def profile(
     repeats: Annotated[int, typer.Option(help="Timed decoding steps per figure (after a warm-up); medians, with "
                                          "min and max kept.")] = 16,
     out: Annotated[Optional[Path], typer.Option(help="Profile file (default: in the cache, reused by rank).")] = None,
-    sweep: Annotated[bool, typer.Option(help="Instead: latency vs depth and width of random-weight models.")] = False,
+    sweep: Annotated[bool, typer.Option(help="Instead: latency vs depth and width of random-weight models, and a "
+                                        "fit of the latency model's per-layer cost and bandwidth to it.")] = False,
+    calibrate: Annotated[Optional[str], typer.Option(help="With --sweep: store the fit as a calibration under this "
+                                                     "GPU name, which `zoo rank --gpu NAME` then uses.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Measure t_target, t_verify(γ) and each draft's t_draft on this machine; write a profile for rank."""
     from zoo import profile as prof
 
+    if calibrate and not sweep:
+        raise SpecdecError("--calibrate needs --sweep: the calibration is fitted to the depth/width sweep")
     if sweep:
-        emit(prof.width_depth_sweep(repeats), as_json)
+        from specdraft_eval.record import hardware, write_calibration
+        from zoo.hardware import fit_sweep
+
+        rows = prof.width_depth_sweep(repeats)
+        fit = fit_sweep(rows)
+        for row, fitted in zip(rows, fit.pop("fitted_ms")):
+            row["fitted_ms"] = fitted
+        device = "cuda" if torch_cuda() else "cpu"
+        fit.update(hardware=hardware(device), runtime="eager", dtype_bytes=2 if device == "cuda" else 4)
+        if calibrate:
+            fit["path"] = str(write_calibration(calibrate, {**fit, "rows": rows}))
+        if as_json:
+            emit({"rows": rows, "fit": fit}, True)
+            return
+        emit(rows, False)
+        typer.echo(f"fit: ms/token = {fit['per_layer_ms']:.3g} ms × layers + weight bytes / "
+                   f"{fit['bandwidth_gb_s']:.3g} GB/s (max error {fit['max_relative_error']:.1%})"
+                   + (f"; calibration written to {fit['path']} for `zoo rank --gpu {calibrate}`" if calibrate else ""))
         return
     from specdraft_eval.drafts import load_draft
     from specdraft_eval.targets import load_target
@@ -200,8 +228,8 @@ def profile(
 @cli_errors
 def rank(
     target: TargetOpt = "smollm2-135m-instruct",
-    gpu: Annotated[str, typer.Option(help="'this' (measure this machine) or a GPU name: "
-                                     "a100-40gb, a100-80gb, h100, h200, l4, a10g, rtx-4090, cpu.")] = "this",
+    gpu: Annotated[str, typer.Option(help="'this' (measure this machine) or a GPU name: a100-40gb, a100-80gb, "
+                                     "h100, h200, l4, a10g, rtx-4090, cpu, or one you calibrated.")] = "this",
     task: Annotated[str, typer.Option(help="Task whose TAR to use or measure.")] = DEFAULT_TASK,
     measure: Annotated[int, typer.Option(help="Measure TAR on this many prompts of the task (0: results only).")] = 0,
     drafts: Annotated[Optional[list[str]], typer.Option("--drafts", "-d", help="Drafts to rank (repeat); default: "
@@ -212,16 +240,21 @@ def rank(
     results: Annotated[Optional[list[Path]], typer.Option(help="Results folders to read TAR from "
                                                           "(default: leaderboard).")] = None,
     max_new_tokens: Annotated[int, typer.Option(help="Tokens per measured generation.")] = DEFAULT_MAX_NEW_TOKENS,
+    runtime: Annotated[str, typer.Option(help="With a named GPU: eager (PyTorch eager, as this engine) or "
+                                         "cuda-graphs (torch.compile / graph replay).")] = "eager",
     as_json: JsonOpt = False,
 ) -> None:
-    """Rank drafts for a target and a GPU by predicted tokens/s (analytical model, measured TAR)."""
+    """Rank drafts for a target and a GPU by predicted tokens/s (analytical model, measured TAR).
+
+    A named GPU ranks from model shapes alone (catalog or config.json), without weights."""
     from zoo.ranking_run import run_rank
 
     rows = run_rank(target, gpu, task, measure, drafts, parse_gammas(gamma) if gamma else None,
-                    results or list(DEFAULT_RESULTS), max_new_tokens)
+                    results or list(DEFAULT_RESULTS), max_new_tokens, runtime)
     if as_json:
         emit(rows, True)
         return
+    typer.echo(f"target {target} on {gpu}: {rows[0]['target_ms_per_token']:.3g} ms per autoregressive token")
     for row in rows:
         row["tokens/s by γ"] = "  ".join(f"{g}: {tps:.3g}" for g, tps in row["predicted_by_gamma"].items()) or None
     emit(rows, False, ["draft", "best_gamma", "predicted_tokens_per_second", "tokens/s by γ",

@@ -84,20 +84,26 @@ def engine_latency(target, drafters: list, gammas: list[int], prompts: list[list
 @torch.inference_mode()
 def width_depth_sweep(repeats: int = 7, context: int = 128) -> list[dict]:
     """ms per token of random-weight Llama models: equal parameter count at several depth/width splits,
-    then depth at fixed width and width at fixed depth (the paper: latency ~ depth, hardly width)."""
+    then depth at fixed width and width at fixed depth (the paper: latency ~ depth, hardly width). On a GPU
+    the models run there in bfloat16; each row says the bytes of weights one step reads."""
     from transformers import LlamaConfig, LlamaForCausalLM
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
 
     def run(layers: int, hidden: int, group: str) -> dict:
         config = LlamaConfig(
             vocab_size=1024, hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
             num_attention_heads=max(hidden // 64, 1), num_key_value_heads=max(hidden // 64, 1),
-            max_position_embeddings=context + 16,
+            max_position_embeddings=context + 64,
         )
         torch.manual_seed(0)
-        model = LlamaForCausalLM(config).eval()
+        model = LlamaForCausalLM(config).to(device, dtype).eval()
         ms = engine_latency(model, [], [], [context_tokens(context, 1024)], repeats)["t_verify"][0]["median"]
         params = sum(p.numel() for p in model.model.layers.parameters())
-        return {"group": group, "layers": layers, "hidden_size": hidden, "layer_params_m": params / 1e6, "ms_per_token": ms}
+        streamed = sum(p.numel() for p in model.parameters()) - model.get_input_embeddings().weight.numel()
+        return {"group": group, "layers": layers, "hidden_size": hidden, "layer_params_m": params / 1e6,
+                "weight_bytes": streamed * torch.finfo(dtype).bits // 8, "ms_per_token": ms}
 
     rows = [run(l, h, "equal params") for l, h in [(2, 1024), (8, 512), (32, 256)]]
     rows += [run(l, 512, "depth") for l in (2, 4, 8, 16)]

@@ -77,9 +77,8 @@ def measure(target, drafter, prompts: list[list[int]], gammas: list[int], max_ne
 
 def missing_tar_hint(target: str, task: str, draft: str) -> str:
     """Where a draft's missing TAR would come from."""
-    return (f"missing: run `zoo rank --measure 10 --task {task}` or `lm_eval --model specdec --model_args "
-            f"pretrained={target},draft={draft},num_draft_tokens=4 --tasks {task} --include_path tasks "
-            "--output_path leaderboard/results/...`")
+    return (f"missing: `zoo rank --measure N` or `lm_eval --model specdec --model_args pretrained={target},"
+            f"draft={draft}` on {task}")
 
 
 def rank(candidates: list[Candidate], t_target_ms: float, t_verify_ms: dict[int, float],
@@ -107,6 +106,7 @@ def rank(candidates: list[Candidate], t_target_ms: float, t_verify_ms: dict[int,
                 "tar_source": c.tar_source[best] if best else c.missing,
                 "measured_tokens_per_second": c.measured_tps.get(best) if best else None,
                 "draft_ms_per_token": c.t_draft_ms,
+                "target_ms_per_token": t_target_ms,
                 "parameters_m": c.parameters_m,
                 "kv_bytes_per_token": c.kv_bytes_per_token,
                 "latency_source": c.draft_source,

@@ -1,0 +1,112 @@
+"""The batch-1 latency model and ranking from configs alone (no weights, offline)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import run_cli
+from test_zoo_cli import assert_one_line_error
+from zoo import hardware
+from zoo.hardware import Shape, fit_sweep, forward_seconds
+from zoo.shapes import draft_shape, model_shape
+
+A100 = hardware.accelerator("a100-80gb")
+
+
+def ms(shape: Shape, gpu=A100, runtime="eager", tokens=1) -> float:
+    return forward_seconds(shape, tokens, gpu, runtime) * 1000
+
+
+@pytest.mark.parametrize("runtime", hardware.RUNTIMES)
+def test_latency_is_linear_in_depth_at_fixed_width(runtime):
+    base = model_shape("llama-2-7b").shape
+    times = [ms(base.with_layers(n), runtime=runtime) for n in (2, 4, 8, 16, 32)]
+    steps = [(b - a) / (nb - na) for (a, na), (b, nb) in zip(zip(times, (2, 4, 8, 16)), zip(times[1:], (4, 8, 16, 32)))]
+    assert max(steps) == pytest.approx(min(steps), rel=1e-9)  # the same cost for every added layer
+    assert times[0] < times[-1]
+
+
+def test_wide_shallow_draft_beats_deep_narrow_one_at_equal_size():
+    """The founding paper: a 5-layer wide 1.3B draft has 49% less latency than a 24-layer one (A100)."""
+    wide, deep = model_shape("wide-sheared-llama-1.3b").shape, model_shape("sheared-llama-1.3b").shape
+    assert wide.parameters == pytest.approx(deep.parameters, rel=0.05)
+    for runtime in hardware.RUNTIMES:
+        saving = 1 - ms(wide, runtime=runtime) / ms(deep, runtime=runtime)
+        assert saving > 0.4, runtime
+    graphs = 1 - ms(wide, runtime="cuda-graphs") / ms(deep, runtime="cuda-graphs")
+    assert graphs == pytest.approx(0.49, abs=0.1)
+
+
+def test_width_costs_little_at_batch_one_on_a_gpu():
+    narrow = Shape(8, 1024, 16, 16, 32000, 8 * 12 * 1024**2 + 2 * 32000 * 1024, 32000 * 1024)
+    wide = Shape(8, 2048, 16, 16, 32000, 8 * 12 * 2048**2 + 2 * 32000 * 2048, 32000 * 2048)
+    assert ms(wide) < 1.15 * ms(narrow)  # twice as wide, 4x the layer weights, barely slower (eager)
+
+
+def test_shapes_from_catalog_config_and_layer_views(tmp_path):
+    target = model_shape("meta-llama/Llama-2-70b-hf")
+    assert target.source == "catalog" and target.shape.layers == 80 and target.shape.kv_heads == 8
+    assert target.shape.parameters == pytest.approx(69e9, rel=0.01)
+    view = draft_shape("layers:0-4", target.shape)
+    assert view.name == "layers:0,1,2,3,4" and view.shape.layers == 5
+    assert view.shape.parameters < target.shape.parameters / 10
+    assert draft_shape("prompt-lookup", target.shape).shape is None
+    config = {"num_hidden_layers": 4, "hidden_size": 256, "num_attention_heads": 4, "vocab_size": 1000,
+              "intermediate_size": 512}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    from_dir = model_shape(str(tmp_path))
+    expected = 4 * (4 * 256 * 256 + 3 * 256 * 512 + 2 * 256) + 2 * 1000 * 256 + 256
+    assert from_dir.shape.parameters == expected and from_dir.source.startswith("config")
+    assert model_shape(str(tmp_path / "config.json")).shape == from_dir.shape
+
+
+def test_sweep_fit_recovers_known_constants():
+    rows = [{"layers": n, "weight_bytes": b, "ms_per_token": 0.5 * n + b / 16e6} for n, b in
+            [(2, 1e8), (4, 2e8), (8, 4e8), (4, 8e8), (4, 3e9)]]
+    fit = fit_sweep(rows)
+    assert fit["per_layer_ms"] == pytest.approx(0.5) and fit["bandwidth_gb_s"] == pytest.approx(16.0)
+    assert fit["max_relative_error"] < 1e-9
+
+
+PAPER_TARGETS = ["huggyllama/llama-65b", "facebook/opt-66b", "meta-llama/Llama-2-70b-hf", "meta-llama/Llama-3.1-8B",
+                 "lmsys/vicuna-33b-v1.3"]
+
+
+@pytest.mark.parametrize("target", PAPER_TARGETS)
+def test_paper_targets_rank_offline_without_weights(target, tmp_path):
+    env = {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub"), "SPECDRAFT_EVAL_CACHE": str(tmp_path)}
+    done = run_cli("zoo", "rank", "--target", target, "--gpu", "a100-80gb", "--results", str(tmp_path),
+                   "--drafts", "prompt-lookup", "--drafts", "layers:0-4", "--json", env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads(done.stdout)
+    assert {r["draft"] for r in rows} == {"prompt-lookup:3", "layers:0,1,2,3,4"}
+    assert all(r["target_ms_per_token"] > 0 and r["tar_source"].startswith("missing") for r in rows)
+
+
+def test_rank_names_the_calibration_it_uses(tmp_path):
+    from specdraft_eval.record import write_calibration
+
+    env = {"SPECDRAFT_EVAL_CACHE": str(tmp_path), "HF_HUB_OFFLINE": "1"}
+    import os
+
+    os.environ["SPECDRAFT_EVAL_CACHE"] = str(tmp_path)
+    try:
+        write_calibration("my-gpu", {"per_layer_ms": 0.2, "bandwidth_gb_s": 900.0, "runtime": "eager",
+                                     "hardware": "NVIDIA Test", "dtype_bytes": 2})
+    finally:
+        del os.environ["SPECDRAFT_EVAL_CACHE"]
+    done = run_cli("zoo", "rank", "--target", "llama-2-7b", "--gpu", "my-gpu", "--drafts", "layers:0-1",
+                   "--results", str(tmp_path), "--json", env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    row = json.loads(done.stdout)[0]
+    assert row["latency_source"].startswith("calibration (NVIDIA Test, eager)")
+    # 2 layers × 0.2 ms + (2 layers of 202.4 M + the 131 M output head) × 2 bytes / 900 GB/s
+    assert row["draft_ms_per_token"] == pytest.approx(2 * 0.2 + (2 * 202.4e6 + 131e6) * 2 / 900e9 * 1000, rel=0.01)
+
+
+def test_rank_unknown_offline_model_is_one_line(tmp_path):
+    env = {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path)}
+    assert_one_line_error(run_cli("zoo", "rank", "--target", "acme/unknown-70b", "--gpu", "h100", env=env),
+                          "no shape known for 'acme/unknown-70b' offline")

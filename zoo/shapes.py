@@ -1,0 +1,80 @@
+"""Model shapes without weights: the catalog, a ``config.json`` (a directory, a file or the HF cache), a
+``layers:`` view of the target, or a results record; what ``zoo rank --gpu NAME`` needs to rank offline."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from specdraft_eval.drafts.layers import parse_layers
+from specdraft_eval.errors import SpecdecError
+from zoo import catalog
+from zoo.hardware import Shape, shape_from_config
+
+
+@dataclass
+class Resolved:
+    """A model named on the command line: its canonical draft name, shape (None: model-free) and source."""
+
+    name: str
+    shape: Shape | None
+    source: str
+
+
+def _config_file(name: str) -> Path | None:
+    path = Path(os.path.expanduser(name))
+    if path.is_dir() and (path / "config.json").is_file():
+        return path / "config.json"
+    if path.is_file() and path.suffix == ".json":
+        return path
+    if name.count("/") == 1 and not name.startswith((".", "/")):
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(name, "config.json")
+        if isinstance(cached, str):
+            return Path(cached)
+    return None
+
+
+def model_shape(name: str) -> Resolved:
+    """The shape of a target or draft model named by catalog name, hub id or config path."""
+    entry = catalog.find(name)
+    if entry is not None:
+        vocab = catalog.vocab_size(entry["family"])
+        config = {"num_hidden_layers": entry["layers"], "hidden_size": entry["hidden_size"],
+                  "num_attention_heads": entry["heads"], "num_key_value_heads": entry["kv_heads"],
+                  "vocab_size": vocab, "intermediate_size": entry.get("intermediate_size"),
+                  "parameters": entry["parameters_m"] * 1e6}
+        return Resolved(name, shape_from_config(config), "catalog")
+    file = _config_file(name)
+    if file is None:
+        raise SpecdecError(f"no shape known for {name!r} offline: give a catalog name (`zoo list`), a directory "
+                           f"or file holding its config.json, or `zoo pull {name}` first")
+    try:
+        config = json.loads(file.read_text())
+    except (OSError, ValueError) as exc:
+        raise SpecdecError(f"cannot read {file}: {exc}; give a valid config.json") from None
+    return Resolved(name, shape_from_config(config), f"config ({file})")
+
+
+def draft_shape(name: str, target: Shape, record=None) -> Resolved:
+    """A draft's shape: model-free kinds, ``layers:`` views of ``target``, models; or, for a draft known only
+    from a results ``record``, its recorded size at the target's width."""
+    kind, _, arg = name.partition(":")
+    if kind == "prompt-lookup":
+        from specdraft_eval.drafts.prompt_lookup import build
+
+        return Resolved(build(arg or None, None, None).name, None, "model-free")
+    if kind == "layers":
+        layers = parse_layers(arg, target.layers)
+        return Resolved(f"layers:{','.join(map(str, layers))}", target.with_layers(len(layers)), "target's config")
+    try:
+        return model_shape(name)
+    except SpecdecError:
+        if record is None or not record.draft_layers:
+            raise
+    shape = Shape(record.draft_layers, target.hidden_size, target.heads, target.kv_heads, target.vocab_size,
+                  record.draft_parameters_m * 1e6, target.vocab_size * target.hidden_size)
+    return Resolved(name, shape, "results record (size)")
