@@ -136,7 +136,7 @@ def measure_and_write(target, target_name: str, drafters: list, gammas: list[int
             "parameters_m": facts["parameters_m"], "kv_bytes_per_token": facts["kv_bytes_per_token"],
         }
     verify = {k: v["median"] for k, v in measured["t_verify"].items()}
-    verify_spread = {k: v for k, v in measured["t_verify"].items()}
+    verify_spread = measured["t_verify"]
     if same:
         verify, verify_spread = {**old["t_verify_ms"], **verify}, {**old.get("t_verify_spread", {}), **verify_spread}
     data = {"hardware": hardware(target.device), "target": target_name, "context": context, "repeats": repeats,

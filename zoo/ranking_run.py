@@ -34,7 +34,7 @@ def default_drafts(target_name: str, depth: int) -> list[str]:
 
 def run_rank(target_name: str, gpu: str = "this", task: str = DEFAULT_TASK, n_measure: int = 0,
              drafts: list[str] | None = None, gammas: list[int] | None = None,
-             results: list[Path] = list(DEFAULT_RESULTS), max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+             results: tuple[Path, ...] | list[Path] = DEFAULT_RESULTS, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
              runtime: str = "eager") -> list[dict]:
     """Rank ``drafts`` (default: the defaults plus every draft with results for this target) for ``gpu``.
 
