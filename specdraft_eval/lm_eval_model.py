@@ -14,10 +14,16 @@ import torch
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
+from specdraft_eval import kernels as kernel_paths
 from specdraft_eval.drafts import load_draft
 from specdraft_eval.engine import autoregressive_generate, speculative_generate
 from specdraft_eval.errors import SpecdecError, one_line
-from specdraft_eval.record import SpecdecRecord, default_profile_path, profile_latencies, read_profile
+from specdraft_eval.record import (
+    SpecdecRecord,
+    default_profile_path,
+    profile_latencies,
+    read_profile,
+)
 from specdraft_eval.report import table
 from specdraft_eval.stats import GenerationStats
 from specdraft_eval.targets import ALIASES, DEFAULT_TARGET, local_dir, resolve
@@ -61,7 +67,8 @@ class SpecDecLM(HFLM):
 
     model_args: ``pretrained`` (alias, directory, .gguf, hub id), ``draft`` (``prompt-lookup[:N]``,
     ``layers:SPEC`` or a draft model), ``num_draft_tokens`` (γ, default 4), ``dynamic_gamma``,
-    ``baseline`` (also time plain decoding of every request, for speedup), ``seed``, plus what ``hf`` takes.
+    ``baseline`` (also time plain decoding of every request, for speedup), ``seed``, ``kernels`` (``onednn``:
+    pre-packed CPU linears, the default; ``plain``: PyTorch's own), plus what ``hf`` takes.
     """
 
     def __init__(
@@ -73,12 +80,14 @@ class SpecDecLM(HFLM):
         baseline: bool = False,
         seed: int | None = None,
         device: str | None = None,
+        kernels: str = kernel_paths.DEFAULT,
         **kwargs,
     ) -> None:
         self.num_draft_tokens = _as_positive_int("num_draft_tokens", num_draft_tokens)
         self.dynamic_gamma = _as_bool("dynamic_gamma", dynamic_gamma)
         self.baseline = _as_bool("baseline", baseline)
         self.seed = None if seed is None else int(seed)
+        kernel_paths.check(kernels)
         self.target_name = pretrained if isinstance(pretrained, str) else type(pretrained).__name__
         if isinstance(pretrained, str) and "gguf_file" not in kwargs:
             source = resolve(pretrained)
@@ -89,6 +98,7 @@ class SpecDecLM(HFLM):
                 kwargs["gguf_file"] = source.gguf_file
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         super().__init__(pretrained=pretrained, device=device, **kwargs)
+        kernel_paths.apply(self.model, kernels)  # before the draft, so that a layer view shares the packed layers
         self.draft_name = draft
         self._drafter = load_draft(draft, self.model, self.tokenizer)
         self._stats: dict[str, GenerationStats] = defaultdict(GenerationStats)
@@ -130,7 +140,6 @@ class SpecDecLM(HFLM):
             "seed": self.seed,
         }
         max_new_tokens = max_length - context.shape[1]
-        stop_check = self._stop_check(stop)
         rows = []
         for row in range(context.shape[0]):
             ids = context[row] if attention_mask is None else context[row][attention_mask[row].bool()]
@@ -140,12 +149,13 @@ class SpecDecLM(HFLM):
                 ids,
                 max_new_tokens,
                 num_draft_tokens=self.num_draft_tokens,
-                stop=stop_check,
+                stop=self._stop_check(stop),
                 dynamic_gamma=self.dynamic_gamma,
                 **sampling,
             )
             if self.baseline:
-                reference, base_stats = autoregressive_generate(self.model, ids, max_new_tokens, stop=stop_check, **sampling)
+                reference, base_stats = autoregressive_generate(self.model, ids, max_new_tokens, stop=self._stop_check(stop),
+                                                                 **sampling)
                 stats = stats + base_stats
                 # a speculative step may run a few tokens past a stop sequence; lm-eval cuts both there
                 if not do_sample and new[: len(reference)] != reference:
@@ -158,12 +168,19 @@ class SpecDecLM(HFLM):
         return torch.tensor([r + [pad] * (width - len(r)) for r in rows], device=context.device)
 
     def _stop_check(self, stop: list[str]):
+        """A :data:`~specdraft_eval.engine.StopCheck` that decodes only the tokens that can hold a new match:
+        those since the last call, plus a margin of one token per character of the longest stop sequence.
+        One check serves one generation."""
         stops = [s for s in stop or [] if s]
         if not stops:
             return None
+        margin = max(len(s) for s in stops) + 1
+        checked = [0]  # tokens seen by earlier calls
 
         def check(new: list[int]) -> bool:
-            text = self.tokenizer.decode(new, skip_special_tokens=False)
+            start = max(0, checked[0] - margin)
+            checked[0] = len(new)
+            text = self.tokenizer.decode(new[start:], skip_special_tokens=False)
             return any(s in text for s in stops)
 
         return check

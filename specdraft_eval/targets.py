@@ -118,10 +118,15 @@ def _convert_gguf(source: ModelSource, target: Path) -> None:
             raise
 
 
-def load_target(name: str, device: str = "cpu", dtype: str = "float32"):
-    """Load a causal LM and its tokenizer: ``model, tokenizer = load_target("smollm2-135m-instruct")``."""
+def load_target(name: str, device: str = "cpu", dtype: str = "float32", kernels: str = "plain"):
+    """Load a causal LM and its tokenizer: ``model, tokenizer = load_target("smollm2-135m-instruct")``;
+    ``kernels="onednn"`` pre-packs its linear layers (:mod:`specdraft_eval.kernels`; inference only)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from specdraft_eval import kernels as kernel_paths
+
+    kernel_paths.check(kernels)
 
     source = local_dir(resolve(name))
     kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
@@ -134,4 +139,4 @@ def load_target(name: str, device: str = "cpu", dtype: str = "float32"):
             f"cannot load model {name!r}: {first} (offline? run `zoo pull {name}` with network first, "
             "or check the name)"
         ) from exc
-    return model.to(device).eval(), tokenizer
+    return kernel_paths.apply(model.to(device).eval(), kernels), tokenizer

@@ -9,6 +9,7 @@ import pytest
 
 from conftest import run_cli, save_tiny
 from specdraft_eval import load_draft, load_target
+from specdraft_eval.errors import SpecdecError
 from zoo import bench
 
 WORDS = ["<unk>", "</s>", *[f"w{i}" for i in range(62)]]
@@ -64,6 +65,8 @@ def test_bench_catches_a_draft_that_changes_the_output(tiny, prompts_file, monke
                              gamma=2, repeats=1, max_new_tokens=8)
     identical = {r["engine"]: r["identical"] for r in result["configs"]}
     assert identical[bench.AUTOREGRESSIVE] and identical[bench.ASSISTED] and not identical[bench.OURS]
+    with pytest.raises(SpecdecError, match=r"specdraft \(layers:0, plain kernels\) differs .* on prompt 0 \('w"):
+        bench.check_identical(result, bench.load_prompts(None, prompts_file, 1))
 
 
 def test_bench_cli_json_and_table(tiny, prompts_file):
@@ -71,7 +74,13 @@ def test_bench_cli_json_and_table(tiny, prompts_file):
                    "--repeats", "1", "--max-new-tokens", "6", "--gamma", "2", "--json")
     assert done.returncode == 0, done.stderr[-2000:]
     data = json.loads(done.stdout)
-    assert data["schema_version"] == bench.SCHEMA_VERSION and data["task"] is None and len(data["configs"]) == 4
+    assert data["schema_version"] == bench.SCHEMA_VERSION and data["task"] is None
+    # same kernels: autoregressive, assisted, ours, ours dynamic; then transformers on plain kernels
+    assert [(r["engine"], r["kernels"]) for r in data["configs"]] == [
+        (bench.AUTOREGRESSIVE, "onednn"), (bench.ASSISTED, "onednn"), (bench.OURS, "onednn"),
+        (bench.OURS_DYNAMIC, "onednn"), (bench.AUTOREGRESSIVE, "plain"), (bench.ASSISTED, "plain")]
+    assert all(r["identical"] for r in data["configs"])
+    assert all(r["vs_plain_assisted"] for r in data["configs"] if r["engine"] == bench.OURS)
     table = run_cli("zoo", "bench", "--target", str(tiny), "--prompts", str(prompts_file), "--limit", "1",
                     "--repeats", "1", "--max-new-tokens", "4", "--draft", "layers:0")
     assert table.returncode == 0, table.stderr[-2000:]

@@ -78,6 +78,7 @@ def test_greedy_output_identical_to_hf(hf_run, tmp_path, draft):
         ("pretrained=smollm2-135m-instruct,num_draft_tokens=0", "specdec: error: model_args num_draft_tokens=0 must be >= 1"),
         ("pretrained=no-such-target", "specdec: error: unknown model 'no-such-target'"),
         ("pretrained=smollm2-135m-instruct,baseline=maybe", "is not a boolean"),
+        ("pretrained=smollm2-135m-instruct,kernels=fast", "specdec: error: kernels='fast' is unknown: use kernels=onednn"),
         ("pretrained=smollm2-135m-instruct,draft=layers:0,1", "expected `key=value`, got '1'"),  # lm-eval's parser
     ],
 )

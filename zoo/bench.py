@@ -2,8 +2,11 @@
 
 Per draft and prompt, interleaved and after a warm-up, greedy: the target's autoregressive
 ``generate``; transformers' assisted generation with the same draft at a constant γ; our engine at the
-same γ and with dynamic γ. Every output must equal the autoregressive one token for token. Wall time
-is split into the target's and the draft's forward passes (module hooks) and the rest (engine overhead).
+same γ and with dynamic γ. All of these run the same kernels (``specdraft_eval.kernels``); when those are
+the pre-packed ones, transformers' autoregressive and assisted generation also run once more on a plain copy
+of the models, which is what a user would otherwise run. Every output must equal the autoregressive one
+token for token. Wall time is split into the target's and the draft's forward passes (module hooks) and the
+rest (engine overhead).
 """
 
 from __future__ import annotations
@@ -19,14 +22,15 @@ from pathlib import Path
 
 import torch
 
+from specdraft_eval import kernels
 from specdraft_eval.analytical import predicted_tokens_per_second
 from specdraft_eval.drafts.model import ModelDrafter
 from specdraft_eval.drafts.prompt_lookup import PromptLookupDrafter
-from specdraft_eval.engine import speculative_generate
+from specdraft_eval.engine import clock, speculative_generate
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.stats import GenerationStats
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: kernels, mismatched_prompts, vs_plain_assisted
 AUTOREGRESSIVE, ASSISTED, OURS, OURS_DYNAMIC = (
     "transformers autoregressive", "transformers assisted", "specdraft", "specdraft dynamic γ")
 
@@ -42,14 +46,10 @@ class ForwardTimer:
                              module.register_forward_hook(self._stop)]
 
     def _start(self, module, args) -> None:
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        self._began = time.perf_counter()
+        self._began = clock(module.device)
 
     def _stop(self, module, args, output) -> None:
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        self.calls.append(time.perf_counter() - self._began)
+        self.calls.append(clock(module.device) - self._began)
 
     def take(self) -> list[float]:
         calls, self.calls = self.calls, []
@@ -74,12 +74,18 @@ class Run:
 
 @dataclass
 class Config:
-    """A way to decode: ``engine`` is one of the four names above; ``drafter`` None for autoregressive."""
+    """A way to decode: ``engine`` is one of the four names above; ``drafter`` None for autoregressive;
+    ``target`` the model it runs on (its kernels: ``kernels.kernels_of``)."""
 
     engine: str
+    target: torch.nn.Module
     drafter: object | None = None
     runs: list[list[Run]] = field(default_factory=list)  # [repeat][prompt]
     peak_mb: float | None = None
+
+    @property
+    def kernels(self) -> str:
+        return kernels.kernels_of(self.target)
 
     @property
     def draft(self) -> str | None:
@@ -96,33 +102,39 @@ def assisted_kwargs(drafter, gamma: int) -> dict | None:
     return None
 
 
-def configurations(drafters: list, gamma: int) -> list[Config]:
-    configs = [Config(AUTOREGRESSIVE)]
+def configurations(target, drafters: list, gamma: int, plain: tuple | None = None) -> list[Config]:
+    """The autoregressive reference first; per draft assisted (where transformers has it), ours, ours
+    dynamic; then, given ``plain`` = (plain-kernel target, its drafters), transformers' runs on those."""
+    configs = [Config(AUTOREGRESSIVE, target)]
     for drafter in drafters:
         if assisted_kwargs(drafter, gamma) is not None:
-            configs.append(Config(ASSISTED, drafter))
-        configs += [Config(OURS, drafter), Config(OURS_DYNAMIC, drafter)]
+            configs.append(Config(ASSISTED, target, drafter))
+        configs += [Config(OURS, target, drafter), Config(OURS_DYNAMIC, target, drafter)]
+    if plain is not None:
+        plain_target, plain_drafters = plain
+        configs.append(Config(AUTOREGRESSIVE, plain_target))
+        configs += [Config(ASSISTED, plain_target, d) for d in plain_drafters if assisted_kwargs(d, gamma) is not None]
     return configs
 
 
 class Bench:
     """Runs configurations on prompts and keeps every run."""
 
-    def __init__(self, target, gamma: int, max_new_tokens: int) -> None:
+    def __init__(self, configs: list[Config], gamma: int, max_new_tokens: int) -> None:
         from transformers import GenerationConfig
 
-        self.target, self.gamma, self.max_new_tokens = target, gamma, max_new_tokens
-        eos = target.generation_config.eos_token_id
+        self.gamma, self.max_new_tokens = gamma, max_new_tokens
+        eos = configs[0].target.generation_config.eos_token_id
         self.generation_config = GenerationConfig(
             max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos,
             pad_token_id=eos if isinstance(eos, int) else (eos[0] if eos else 0))
-        self.target_timer = ForwardTimer(target)
+        self.timers = {id(c.target): ForwardTimer(c.target) for c in configs}
 
     def generate(self, config: Config, ids: torch.Tensor, max_new_tokens: int | None = None) -> Callable[[], tuple]:
         """A function running ``config`` once on ``ids``, returning (new tokens, stats or None)."""
         budget = max_new_tokens or self.max_new_tokens
         if config.engine in (OURS, OURS_DYNAMIC):
-            return lambda: speculative_generate(self.target, config.drafter, ids, budget, num_draft_tokens=self.gamma,
+            return lambda: speculative_generate(config.target, config.drafter, ids, budget, num_draft_tokens=self.gamma,
                                                 dynamic_gamma=config.engine == OURS_DYNAMIC)
         kwargs = assisted_kwargs(config.drafter, self.gamma) if config.engine == ASSISTED else {}
         generation_config = self.generation_config.__class__(**{**self.generation_config.to_diff_dict(),
@@ -130,7 +142,7 @@ class Bench:
 
         def run():
             with torch.inference_mode():
-                out = self.target.generate(ids, attention_mask=torch.ones_like(ids),
+                out = config.target.generate(ids, attention_mask=torch.ones_like(ids),
                                            generation_config=generation_config, **kwargs)
             return out[0, ids.shape[1]:].tolist(), None
 
@@ -138,20 +150,19 @@ class Bench:
 
     def run(self, config: Config, ids: torch.Tensor) -> Run:
         draft_timer = ForwardTimer(getattr(config.drafter, "model", None))
+        target_timer = self.timers[id(config.target)]
         fn = self.generate(config, ids)
-        self.target_timer.take()
-        start = _clock()
+        target_timer.take()
+        start = clock(config.target.device)
         tokens, stats = fn()
-        wall = _clock() - start
-        run = Run(ids.shape[1], tokens, wall, self.target_timer.take(), draft_timer.take(), stats)
+        wall = clock(config.target.device) - start
+        run = Run(ids.shape[1], tokens, wall, target_timer.take(), draft_timer.take(), stats)
         draft_timer.close()
         return run
 
-
-def _clock() -> float:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return time.perf_counter()
+    def close(self) -> None:
+        for timer in self.timers.values():
+            timer.close()
 
 
 def _rss_bytes() -> int:
@@ -190,13 +201,11 @@ def peak_memory_mb(fn: Callable[[], object], device: torch.device, resident_byte
 
 
 def weight_bytes(*models) -> int:
-    """Bytes of the distinct parameter tensors of ``models`` (a layer view shares the target's)."""
+    """Bytes of the distinct weight tensors of ``models`` (a layer view shares the target's)."""
     seen: dict[int, int] = {}
     for model in models:
-        if model is None:
-            continue
-        for p in model.parameters():
-            seen[p.data_ptr()] = p.numel() * p.element_size()
+        if model is not None:
+            seen.update(kernels.weight_bytes(model))
     return sum(seen.values())
 
 
@@ -231,15 +240,16 @@ def check_options(gamma: int, repeats: int, max_new_tokens: int) -> None:
 
 
 def run_bench(target, target_name: str, tokenizer, drafters: list, prompts: list[str], gamma: int, repeats: int,
-              max_new_tokens: int, on_run: Callable[[], None] = lambda: None) -> dict:
-    """Warm up, run every configuration ``repeats`` times on every prompt (interleaved), measure peak
-    memory in one extra run each, and return the summary (see :func:`summarise`)."""
+              max_new_tokens: int, on_run: Callable[[], None] = lambda: None, plain: tuple | None = None) -> dict:
+    """Warm up, run every configuration (:func:`configurations`) ``repeats`` times on every prompt
+    (interleaved), measure peak memory in one extra run each, and return the summary (see :func:`summarise`).
+    Raises :class:`SpecdecError` naming the prompt where an output differs from the autoregressive one."""
     check_options(gamma, repeats, max_new_tokens)
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()  # assisted generation warns about its own defaults on every call
-    bench = Bench(target, gamma, max_new_tokens)
-    configs = configurations(drafters, gamma)
+    configs = configurations(target, drafters, gamma, plain)
+    bench = Bench(configs, gamma, max_new_tokens)
     ids = [tokenizer(p, return_tensors="pt").input_ids.to(target.device) for p in prompts]
     for config in configs:  # warm-up: first calls at new shapes pay for kernel and allocator set-up
         bench.generate(config, ids[0], min(16, max_new_tokens))()
@@ -253,10 +263,10 @@ def run_bench(target, target_name: str, tokenizer, drafters: list, prompts: list
             config.runs.append(runs[id(config)])
     longest = max(ids, key=lambda t: t.shape[1])
     for config in configs:
-        resident = weight_bytes(target, getattr(config.drafter, "model", None))
+        resident = weight_bytes(config.target, getattr(config.drafter, "model", None))
         config.peak_mb = peak_memory_mb(bench.generate(config, longest), target.device, resident)
-    bench.target_timer.close()
-    return summarise(configs, target, target_name, gamma, max_new_tokens, len(prompts), repeats)
+    bench.close()
+    return summarise(configs, target, target_name, gamma, max_new_tokens, prompts, repeats)
 
 
 def _spread(values: list[float]) -> dict:
@@ -267,12 +277,12 @@ def _tps(runs: list[Run]) -> float:
     return sum(len(r.tokens) for r in runs) / sum(r.wall for r in runs)
 
 
-def summarise(configs: list[Config], target, target_name: str, gamma: int, max_new_tokens: int, n_prompts: int,
+def summarise(configs: list[Config], target, target_name: str, gamma: int, max_new_tokens: int, prompts: list[str],
               repeats: int) -> dict:
     from specdraft_eval.record import hardware
 
     reference = configs[0]
-    assisted = {c.draft: c for c in configs if c.engine == ASSISTED}
+    assisted = {(c.draft, c.kernels): c for c in configs if c.engine == ASSISTED}
     rows = []
     for config in configs:
         rates = [_tps(runs) for runs in config.runs]
@@ -280,21 +290,24 @@ def summarise(configs: list[Config], target, target_name: str, gamma: int, max_n
         wall = sum(r.wall for r in flat)
         target_s, draft_s = sum(sum(r.target_calls) for r in flat), sum(sum(r.draft_calls) for r in flat)
         draft_only = weight_bytes(target, getattr(config.drafter, "model", None)) - weight_bytes(target)
+        mismatched = sorted({i for runs, ref_runs in zip(config.runs, reference.runs)
+                             for i, (r, ref) in enumerate(zip(runs, ref_runs)) if r.tokens != ref.tokens})
         row = {
-            "engine": config.engine, "draft": config.draft, "gamma": gamma if config.drafter else None,
-            "dynamic_gamma": config.engine == OURS_DYNAMIC,
-            "identical": all(r.tokens == ref.tokens for runs, ref_runs in zip(config.runs, reference.runs)
-                             for r, ref in zip(runs, ref_runs)),
+            "engine": config.engine, "kernels": config.kernels, "draft": config.draft,
+            "gamma": gamma if config.drafter else None, "dynamic_gamma": config.engine == OURS_DYNAMIC,
+            "identical": not mismatched, "mismatched_prompts": mismatched,
             "generated_tokens": sum(len(r.tokens) for r in flat),
             "tokens_per_second": _spread(rates),
             "vs_autoregressive": _spread([a / b for a, b in zip(rates, [_tps(r) for r in reference.runs])]),
-            "vs_assisted": None,
+            "vs_assisted": None, "vs_plain_assisted": None,
             "overhead": 1 - (target_s + draft_s) / wall,
             "peak_mb": config.peak_mb,
             "draft_weights_mb": draft_only / 2**20,
         }
-        if config.engine in (OURS, OURS_DYNAMIC) and config.draft in assisted:
-            row["vs_assisted"] = _spread([a / b for a, b in zip(rates, [_tps(r) for r in assisted[config.draft].runs])])
+        for key, other in (("vs_assisted", assisted.get((config.draft, config.kernels))),
+                           ("vs_plain_assisted", assisted.get((config.draft, "plain")))):
+            if config.engine in (OURS, OURS_DYNAMIC) and other is not None:
+                row[key] = _spread([a / b for a, b in zip(rates, [_tps(r) for r in other.runs])])
         row.update(_step_figures(config, flat, target_s, draft_s))
         rows.append(row)
     ar_peak = reference.peak_mb
@@ -302,7 +315,17 @@ def summarise(configs: list[Config], target, target_name: str, gamma: int, max_n
         row["memory_ok"] = (row["peak_mb"] <= (ar_peak + row["draft_weights_mb"]) * 1.10) if ar_peak else None
     return {"schema_version": SCHEMA_VERSION, "target": target_name, "dtype": str(target.dtype).removeprefix("torch."),
             "hardware": hardware(target.device), "gamma": gamma, "max_new_tokens": max_new_tokens,
-            "prompts": n_prompts, "repeats": repeats, "configs": rows}
+            "prompts": len(prompts), "repeats": repeats, "configs": rows}
+
+
+def check_identical(result: dict, prompts: list[str]) -> None:
+    """Raise naming the first prompt on which a configuration's output differs from the autoregressive one."""
+    for row in result["configs"]:
+        if row["mismatched_prompts"]:
+            i = row["mismatched_prompts"][0]
+            raise SpecdecError(
+                f"{row['engine']} ({row['draft']}, {row['kernels']} kernels) differs from the target's greedy generate "
+                f"on prompt {i} ({prompts[i][:40]!r}...): this is a losslessness bug, please report it")
 
 
 def _step_figures(config: Config, flat: list[Run], target_s: float, draft_s: float) -> dict:
@@ -341,7 +364,8 @@ def table_rows(result: dict) -> list[dict]:
 
     return [{
         "engine": r["engine"], "draft": r["draft"], "tok/s": spread(r["tokens_per_second"], ".2f"),
-        "×AR": spread(r["vs_autoregressive"], ".2f"), "×assisted": spread(r["vs_assisted"], ".2f"),
+        "kernels": r["kernels"], "×AR": spread(r["vs_autoregressive"], ".2f"),
+        "×assisted": spread(r["vs_assisted"], ".2f"), "×plain assisted": spread(r["vs_plain_assisted"], ".2f"),
         "TAR": r["tar"], "mean γ": r["mean_gamma"], "draft ms/tok": r["draft_ms_per_token"],
         "verify ms/step": r["verify_ms_per_step"], "overhead": pct(r["overhead"]),
         "pred tok/s": r["predicted_tokens_per_second"], "pred dev": pct(r["prediction_deviation"]),

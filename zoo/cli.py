@@ -20,6 +20,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of a table.")]
 TargetOpt = Annotated[str, typer.Option("--target", "-t", help="Target model: alias, directory, .gguf or hub id.")]
 GammaOpt = Annotated[str, typer.Option("--gamma", help="Comma-separated γ values (draft tokens per step).")]
+KernelsOpt = Annotated[str, typer.Option(help="Linear-layer kernels: onednn (weights pre-packed once, CPU float32/bfloat16; "
+                                          "what lm_eval --model specdec uses by default) or plain (PyTorch's own).")]
 
 
 def cli_errors(fn):
@@ -176,6 +178,7 @@ def profile(
                                         "fit of the latency model's per-layer cost and bandwidth to it.")] = False,
     calibrate: Annotated[Optional[str], typer.Option(help="With --sweep: store the fit as a calibration under this "
                                                      "GPU name, which `zoo rank --gpu NAME` then uses.")] = None,
+    kernels: KernelsOpt = "onednn",
     as_json: JsonOpt = False,
 ) -> None:
     """Measure t_target, t_verify(γ) and each draft's t_draft on this machine; write a profile for rank."""
@@ -207,7 +210,7 @@ def profile(
     from specdraft_eval.targets import load_target
 
     gammas = parse_gammas(gamma)
-    model, tokenizer = load_target(target)
+    model, tokenizer = load_target(target, kernels=kernels)
     drafters = [load_draft(name, model, tokenizer) for name in drafts or ["prompt-lookup"]]
     data = prof.measure_and_write(model, target, drafters, gammas, context, repeats, out)
     if as_json:
@@ -276,6 +279,7 @@ def validate(
     max_new_tokens: Annotated[int, typer.Option(help="Tokens per generation.")] = DEFAULT_MAX_NEW_TOKENS,
     plot: Annotated[Path, typer.Option(help="Where to write the predicted-vs-measured plot (and beside it, "
                                        "the figures as .json).")] = Path("leaderboard/validation.png"),
+    kernels: KernelsOpt = "onednn",
     as_json: JsonOpt = False,
 ) -> None:
     """Check the analytical model: predict tokens/s from a separate profile and measured TAR, then measure."""
@@ -291,7 +295,7 @@ def validate(
     if len(texts) < prompts + validation.PROFILE_PROMPTS:
         raise SpecdecError(f"--prompts {prompts} leaves too few of {task}'s {len(texts)} prompts for the profile: "
                            f"use at most {len(texts) - validation.PROFILE_PROMPTS}")
-    model, tokenizer = load_target(target)
+    model, tokenizer = load_target(target, kernels=kernels)
     drafters = [load_draft(name, model, tokenizer) for name in drafts or ["prompt-lookup", "layers:0-4"]]
     ids = [tokenizer(t).input_ids[-512:] for t in texts[: prompts + validation.PROFILE_PROMPTS]]
     with progress() as bar:
@@ -330,9 +334,11 @@ def bench(
     repeats: Annotated[int, typer.Option(help="Timed passes over the prompts; medians, min and max are over these.")] = 3,
     max_new_tokens: Annotated[int, typer.Option(help="Tokens per generation.")] = 128,
     dtype: Annotated[str, typer.Option(help="Weights' dtype: float32 or bfloat16.")] = "float32",
+    kernels: KernelsOpt = "onednn",
     as_json: JsonOpt = False,
 ) -> None:
     """Time our engine against transformers' generate and assisted generation (greedy, same prompts)."""
+    from specdraft_eval import kernels as kernel_paths
     from specdraft_eval.drafts import load_draft
     from specdraft_eval.targets import load_target
     from zoo import bench as benchmark
@@ -343,13 +349,18 @@ def bench(
         raise SpecdecError(f"bad --dtype {dtype!r}: use float32, bfloat16 or float16")
     benchmark.check_options(gamma, repeats, max_new_tokens)
     texts = benchmark.load_prompts(task, prompts, limit)
-    model, tokenizer = load_target(target, dtype=dtype)
-    drafters = [load_draft(name, model, tokenizer) for name in drafts or ["prompt-lookup"]]
-    runs = repeats * len(texts) * len(benchmark.configurations(drafters, gamma))
+    model, tokenizer = load_target(target, dtype=dtype, kernels=kernels)
+    names = drafts or ["prompt-lookup"]
+    plain = None
+    if kernel_paths.kernels_of(model) != "plain":  # transformers as users run it, too
+        plain_model, _ = load_target(target, dtype=dtype)
+        plain = plain_model, [load_draft(name, plain_model, tokenizer) for name in names]
+    drafters = [load_draft(name, model, tokenizer) for name in names]
+    runs = repeats * len(texts) * len(benchmark.configurations(model, drafters, gamma, plain))
     with progress() as bar:
         job = bar.add_task("benchmarking", total=runs)
         result = benchmark.run_bench(model, target, tokenizer, drafters, texts, gamma, repeats, max_new_tokens,
-                                     on_run=lambda: bar.advance(job))
+                                     on_run=lambda: bar.advance(job), plain=plain)
     result["task"] = None if prompts else task or "specdec_humaneval"
     if as_json:
         emit(result, True)
@@ -357,10 +368,7 @@ def bench(
         typer.echo(f"target {target} ({result['dtype']}) on {result['hardware']}: {len(texts)} prompts × "
                    f"{max_new_tokens} new tokens, γ={gamma}, {repeats} repeats (median [min–max])")
         emit(benchmark.table_rows(result), False, floatfmt=".3g")
-    different = [f"{r['engine']} ({r['draft']})" for r in result["configs"] if not r["identical"]]
-    if different:
-        raise SpecdecError(f"outputs differ from the target's greedy generate for {', '.join(different)}: "
-                           "this is a losslessness bug, please report it")
+    benchmark.check_identical(result, texts)
 
 
 @app.command()

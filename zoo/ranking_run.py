@@ -78,7 +78,7 @@ def _measure_tar(target_name: str, task: str, n: int, candidates: list[Candidate
                  max_new_tokens: int, target=None, tokenizer=None, drafters: dict | None = None) -> None:
     """Measure TAR (and tokens/s here, shown beside the prediction) on the task's first ``n`` prompts."""
     if target is None:
-        target, tokenizer = load_target(target_name)
+        target, tokenizer = load_target(target_name, kernels="onednn")  # as lm_eval --model specdec runs
     prompts = [tokenizer(text, return_tensors="pt").input_ids[:, -512:] for text in task_prompts(task)[:n]]
     for c in candidates:
         drafter = (drafters or {}).get(c.draft) or load_draft(c.draft, target, tokenizer)
@@ -91,7 +91,7 @@ def _measure_tar(target_name: str, task: str, n: int, candidates: list[Candidate
 def _rank_here(target_name: str, task: str, n_measure: int, drafts: list[str] | None, gammas: list[int] | None,
                files: list, records: dict, max_new_tokens: int) -> list[dict]:
     """``--gpu this``: load the models and take latencies from this machine's profile."""
-    target, tokenizer = load_target(target_name)
+    target, tokenizer = load_target(target_name, kernels="onednn")  # as lm_eval --model specdec runs
     names = drafts or default_drafts(target_name, target.config.num_hidden_layers) + sorted(records)
     drafters = {}
     for name in names:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from importlib.metadata import entry_points
 from pathlib import Path
 
+from specdraft_eval import kernels
 from specdraft_eval.drafts.base import Drafter, Proposal
 from specdraft_eval.drafts.model import DRAFT_VOCAB_FILE, ModelDrafter
 from specdraft_eval.errors import SpecdecError
@@ -71,7 +72,9 @@ def load_draft(spec: str, target, tokenizer) -> Drafter:
         raise SpecdecError(f"draft {spec!r}: {exc}; draft kinds are {', '.join(kinds)}") from exc
     check_tokenizers(tokenizer, draft_tokenizer, spec)
     vocab = min(target.config.vocab_size, model.config.vocab_size)
-    return ModelDrafter(model, spec, vocab, _draft_vocab(spec))
+    drafter = ModelDrafter(model, spec, vocab, _draft_vocab(spec))
+    kernels.apply(model, kernels.kernels_of(target))  # the draft runs the target's kernels
+    return drafter
 
 
 def _draft_vocab(spec: str) -> list[int] | None:

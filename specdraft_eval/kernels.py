@@ -1,0 +1,77 @@
+"""Faster CPU forward passes: linear layers with weights pre-packed once for oneDNN.
+
+PyTorch's plain ``F.linear`` on the CPU runs a 1-row input as a matrix-vector product but repacks the whole
+weight matrix on every call for 2..8 rows, so verifying k draft tokens costs up to twice one decoding step
+although both stream the same weights. Packing each weight once (what ``torch.compile``'s freezing does for
+CPU linears) keeps a k-token verification close to a step's cost. The swap is in place, so the target's
+autoregressive baseline, transformers' ``generate`` on the same model object, layer views and model drafts
+all run the same kernels: a speedup never comes from optimising one side only. ``kernels=plain`` keeps
+PyTorch's own ``nn.Linear``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdraft_eval.errors import SpecdecError
+
+KERNELS = ("onednn", "plain")
+DEFAULT = "onednn"
+
+
+class PackedLinear(torch.nn.Module):
+    """``nn.Linear`` with its weight reordered once into oneDNN's blocked layout (inference only)."""
+
+    def __init__(self, linear: torch.nn.Linear) -> None:
+        super().__init__()
+        weight = linear.weight.detach()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)  # opaque [out, in], blocked
+        self.bias = None if linear.bias is None else linear.bias.detach()
+        self.nbytes = weight.numel() * weight.element_size()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., in] -> [..., out]
+        rows = x.reshape(-1, self.in_features)
+        out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN pre-packed"
+
+
+def check(kernels: str) -> str:
+    if kernels not in KERNELS:
+        raise SpecdecError(f"kernels={kernels!r} is unknown: use kernels=onednn (pre-packed CPU weights) or kernels=plain")
+    return kernels
+
+
+def supported(model: torch.nn.Module) -> bool:
+    """oneDNN pre-packing pays on CPU float32/bfloat16 models where PyTorch was built with it."""
+    param = next(model.parameters(), None)
+    return (param is not None and param.device.type == "cpu" and param.dtype in (torch.float32, torch.bfloat16)
+            and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+
+
+def apply(model: torch.nn.Module, kernels: str = DEFAULT) -> torch.nn.Module:
+    """Swap ``model``'s linear layers for :class:`PackedLinear` in place when ``kernels="onednn"`` and the
+    model is :func:`supported` (otherwise leave it as it is). Returns ``model``."""
+    if check(kernels) == "plain" or not supported(model):
+        return model
+    with torch.inference_mode():
+        for module in list(model.modules()):
+            for name, child in list(module._modules.items()):
+                if isinstance(child, torch.nn.Linear):
+                    module._modules[name] = PackedLinear(child)
+    return model
+
+
+def kernels_of(model: torch.nn.Module) -> str:
+    """``"onednn"`` if ``model`` runs pre-packed linears, else ``"plain"`` (a draft follows its target)."""
+    return "onednn" if any(isinstance(m, PackedLinear) for m in model.modules()) else "plain"
+
+
+def weight_bytes(model: torch.nn.Module) -> dict[int, int]:
+    """Bytes of ``model``'s distinct weight tensors, keyed by identity (parameters and packed weights)."""
+    seen = {p.data_ptr(): p.numel() * p.element_size() for p in model.parameters()}
+    seen.update({id(m.packed): m.nbytes for m in model.modules() if isinstance(m, PackedLinear)})
+    return seen
