@@ -139,12 +139,14 @@ def speculative_generate(
     eos_token_id: int | Sequence[int] | None = None,
     stop: StopCheck | None = None,
     dynamic_gamma: bool = False,
+    gamma_controller: GammaController | None = None,
 ) -> tuple[list[int], GenerationStats]:
     """Generate up to ``max_new_tokens`` tokens after ``input_ids`` with ``target``, drafting with ``draft``.
 
     Returns the new token ids (ending at EOS if one was produced) and the run's :class:`GenerationStats`.
     ``dynamic_gamma`` lets :class:`~specdraft_eval.gamma.GammaController` choose γ each step (0 to
-    4×``num_draft_tokens``) from this generation's measured latencies and acceptance.
+    4×``num_draft_tokens``) from this generation's measured latencies and acceptance; pass the same
+    ``gamma_controller`` to every generation of a run to let it learn from all of them (implies dynamic γ).
     """
     if not isinstance(num_draft_tokens, int) or isinstance(num_draft_tokens, bool) or num_draft_tokens < 1:
         raise SpecdecError(f"num_draft_tokens must be an integer >= 1 (got {num_draft_tokens!r})")
@@ -159,7 +161,7 @@ def speculative_generate(
     decode_start = clock(device)
     stats.prefill_seconds = decode_start - start
     tokens, new = list(prompt), []
-    controller = GammaController(num_draft_tokens, 4 * num_draft_tokens) if dynamic_gamma else None
+    controller = gamma_controller or (GammaController(num_draft_tokens, 4 * num_draft_tokens) if dynamic_gamma else None)
     done = False
     while not done:
         t0 = clock(device)

@@ -7,8 +7,11 @@ the ones before it were, all exponentially decayed — and picks
     γ* = argmax_γ  E[tokens | γ] / (γ · t_draft + t_verify(γ + 1)),   E[tokens | γ] = 1 + Σ_{i≤γ} Π_{j≤i} c_j
 
 over 0..max. Position-wise rates capture bursty drafts (prompt lookup either copies a run or misses at once),
-which a single per-token rate would not; a position never drafted yet takes the last measured rate. γ = 0 is a plain autoregressive step, so a draft that does not pay is backed off; every
-``probe_every`` such steps one γ = 1 step re-measures α. Unmeasured verify sizes are estimated from the
+which a single per-token rate would not; a position never drafted yet takes the last measured rate. γ = 0 is a plain autoregressive step, so a draft that does not pay is backed off; after
+``probe_every`` such steps one γ = 1 step re-measures α, and each probe that is rejected doubles the wait
+(up to ``max_probe_every``), so a hopeless draft costs a fraction of a percent. One controller may serve
+every generation of a run (``speculative_generate(..., gamma_controller=...)``): what it learnt about the
+draft carries over instead of being paid for again at the start of each request. Unmeasured verify sizes are estimated from the
 measured ones (optimistically, so larger γ gets tried), and γ grows by at most 2 beyond the largest size
 measured, so it only climbs while the measurements say it pays.
 """
@@ -22,8 +25,9 @@ DECAY = 0.9
 class GammaController:
     """Chooses γ for the next step from the steps so far (see the module docstring)."""
 
-    def __init__(self, start: int, max_gamma: int, probe_every: int = 16) -> None:
-        self.start, self.max_gamma, self.probe_every = start, max_gamma, probe_every
+    def __init__(self, start: int, max_gamma: int, probe_every: int = 16, max_probe_every: int = 256) -> None:
+        self.start, self.max_gamma = start, max_gamma
+        self.probe_every, self.min_probe_every, self.max_probe_every = probe_every, probe_every, max_probe_every
         self._reached: list[float] = []  # [i]: decayed count of steps that drafted position i+1 after accepting i
         self._kept: list[float] = []  # [i]: ... of those, steps that accepted position i+1 too
         self._draft_seconds, self._drafted = 0.0, 0.0
@@ -63,6 +67,9 @@ class GammaController:
                 self._kept[i] += i < accepted
             self._draft_seconds = DECAY * self._draft_seconds + draft_seconds
             self._drafted = DECAY * self._drafted + drafted
+            if self._idle >= self.probe_every:  # this step was a probe after backing off
+                self.probe_every = (self.min_probe_every if accepted
+                                    else min(2 * self.probe_every, self.max_probe_every))
             self._idle = 0
         else:
             self._idle += 1

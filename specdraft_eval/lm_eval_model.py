@@ -18,6 +18,8 @@ from specdraft_eval import kernels as kernel_paths
 from specdraft_eval.drafts import load_draft
 from specdraft_eval.engine import autoregressive_generate, speculative_generate
 from specdraft_eval.errors import SpecdecError, one_line
+from specdraft_eval.gamma import GammaController
+from specdraft_eval.recommend import recommend
 from specdraft_eval.record import (
     SpecdecRecord,
     default_profile_path,
@@ -66,7 +68,8 @@ class SpecDecLM(HFLM):
     """HFLM whose ``generate_until`` runs speculative decoding with ``draft``.
 
     model_args: ``pretrained`` (alias, directory, .gguf, hub id), ``draft`` (``prompt-lookup[:N]``,
-    ``layers:SPEC`` or a draft model), ``num_draft_tokens`` (γ, default 4), ``dynamic_gamma``,
+    ``layers:SPEC``, a draft model, ``A|B``, or ``auto``: :func:`~specdraft_eval.recommend.recommend`, whose
+    γ and dynamic γ apply unless given), ``num_draft_tokens`` (γ, default 4), ``dynamic_gamma``,
     ``baseline`` (also time plain decoding of every request, for speedup), ``seed``, ``kernels`` (``onednn``:
     pre-packed CPU linears, the default; ``plain``: PyTorch's own), plus what ``hf`` takes.
     """
@@ -75,20 +78,27 @@ class SpecDecLM(HFLM):
         self,
         pretrained: str = DEFAULT_TARGET,
         draft: str = "prompt-lookup",
-        num_draft_tokens: int = 4,
-        dynamic_gamma: bool = False,
+        num_draft_tokens: int | None = None,
+        dynamic_gamma: bool | None = None,
         baseline: bool = False,
         seed: int | None = None,
         device: str | None = None,
         kernels: str = kernel_paths.DEFAULT,
         **kwargs,
     ) -> None:
-        self.num_draft_tokens = _as_positive_int("num_draft_tokens", num_draft_tokens)
-        self.dynamic_gamma = _as_bool("dynamic_gamma", dynamic_gamma)
         self.baseline = _as_bool("baseline", baseline)
         self.seed = None if seed is None else int(seed)
         kernel_paths.check(kernels)
         self.target_name = pretrained if isinstance(pretrained, str) else type(pretrained).__name__
+        chosen = {"draft": draft, "num_draft_tokens": 4, "dynamic_gamma": False}
+        if draft == "auto":
+            recommendation = recommend(self.target_name)
+            chosen = {k: getattr(recommendation, k) for k in chosen}
+            log.warning("draft=auto for %s: %s (%s)", self.target_name, chosen, recommendation.reason)
+        draft = chosen["draft"]
+        self.num_draft_tokens = _as_positive_int(
+            "num_draft_tokens", chosen["num_draft_tokens"] if num_draft_tokens is None else num_draft_tokens)
+        self.dynamic_gamma = _as_bool("dynamic_gamma", chosen["dynamic_gamma"] if dynamic_gamma is None else dynamic_gamma)
         if isinstance(pretrained, str) and "gguf_file" not in kwargs:
             source = resolve(pretrained)
             if pretrained in ALIASES:
@@ -102,6 +112,9 @@ class SpecDecLM(HFLM):
         self.draft_name = draft
         self._drafter = load_draft(draft, self.model, self.tokenizer)
         self._stats: dict[str, GenerationStats] = defaultdict(GenerationStats)
+        # dynamic γ learns about the draft over the whole run, not again for every request
+        self._gamma_controller = (GammaController(self.num_draft_tokens, 4 * self.num_draft_tokens)
+                                  if self.dynamic_gamma else None)
         self._baseline_mismatches = 0
         self._task = "default"
 
@@ -150,7 +163,7 @@ class SpecDecLM(HFLM):
                 max_new_tokens,
                 num_draft_tokens=self.num_draft_tokens,
                 stop=self._stop_check(stop),
-                dynamic_gamma=self.dynamic_gamma,
+                gamma_controller=self._gamma_controller,
                 **sampling,
             )
             if self.baseline:

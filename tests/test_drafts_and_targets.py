@@ -83,6 +83,8 @@ def test_load_draft_kinds(tiny_dir):
     model, tok = load_target(str(tiny_dir))
     assert load_draft("prompt-lookup:2", model, tok).name == "prompt-lookup:2"
     assert load_draft("layers:0,2", model, tok).name == "layers:0,2"
+    composite = load_draft(f"prompt-lookup | {tiny_dir}", model, tok)
+    assert composite.name == f"prompt-lookup:3|{tiny_dir}" and composite.model is composite.parts[1].model
     separate = load_draft(str(tiny_dir), model, tok)
     out, stats = speculative_generate(model, separate, torch.arange(2, 9)[None], 10)
     assert stats.accepted_tokens == stats.draft_tokens  # same weights as the target: all accepted
@@ -98,6 +100,8 @@ def test_load_draft_kinds(tiny_dir):
         ("layers:0,9", "out of range"),
         ("no-such-draft", "unknown model 'no-such-draft'"),
         ("/no/such/dir.gguf", "GGUF file not found"),
+        ("prompt-lookup|", "bad composite draft"),
+        ("prompt-lookup|layers:0,9", "out of range"),
     ],
 )
 def test_bad_drafts(tiny_dir, spec, message):

@@ -7,6 +7,7 @@ import torch
 
 from conftest import tiny_llama
 from specdraft_eval import SpecdecError, autoregressive_generate, speculative_generate
+from specdraft_eval.drafts.composite import CompositeDrafter
 from specdraft_eval.drafts.layers import layer_view
 from specdraft_eval.drafts.model import ModelDrafter
 from specdraft_eval.drafts.prompt_lookup import PromptLookupDrafter
@@ -24,6 +25,7 @@ def drafts(target):
         "other-model": ModelDrafter(tiny_llama(seed=1, layers=2), "other", 64),
         "self": ModelDrafter(target, "self", 64),
         "reduced-head": ModelDrafter(tiny_llama(seed=1, layers=2), "reduced", 64, token_ids=list(range(0, 64, 2))),
+        "composite": CompositeDrafter([PromptLookupDrafter(), ModelDrafter(layer_view(target, [0, 3]), "l", 64)]),
     }
 
 
@@ -33,7 +35,7 @@ def hf_greedy(model, prompt: torch.Tensor, n: int) -> list[int]:
     return out[0, prompt.shape[1] :].tolist()
 
 
-@pytest.mark.parametrize("name", ["prompt-lookup", "layers", "other-model", "self", "reduced-head"])
+@pytest.mark.parametrize("name", ["prompt-lookup", "layers", "other-model", "self", "reduced-head", "composite"])
 @pytest.mark.parametrize("gamma,dynamic", [(1, False), (3, False), (5, True)])
 def test_greedy_matches_transformers_generate(target, name, gamma, dynamic):
     draft = drafts(target)[name]

@@ -57,3 +57,35 @@ def test_verify_estimates_interpolate_and_extrapolate():
     controller.update(2, 1, 0.0, 0.030)  # 3 tokens: 30 ms
     assert abs(controller.verify_seconds(2) - 0.020) < 1e-12
     assert abs(controller.verify_seconds(5) - 0.050) < 1e-12
+
+
+def test_rejected_probes_back_off_exponentially_and_an_accepted_one_resets():
+    controller = GammaController(start=4, max_gamma=16, probe_every=8, max_probe_every=64)
+    chosen = drive(controller, 400, accept=0.0, verify_ms=lambda n: 60.0 + 10.0 * n, draft_ms=20.0)
+    probes = [i for i, g in enumerate(chosen) if g == 1 and i > 2]
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert gaps[:3] == [17, 33, 65] and set(gaps[3:]) == {65}  # 16, 32, 64 autoregressive steps between probes
+    assert controller.probe_every == 64
+    for _ in range(64):
+        controller.update(0, 0, 0.0, 0.07)
+    assert controller.gamma == 1  # the next probe is due
+    controller.update(1, 1, 0.02, 0.08)  # and accepted
+    assert controller.probe_every == 8
+
+
+def test_one_controller_serves_a_whole_run():
+    """Passed to every generation, the controller starts each request with what it learnt before."""
+    import torch
+
+    from conftest import tiny_llama
+    from specdraft_eval import speculative_generate
+    from specdraft_eval.drafts.model import ModelDrafter
+
+    target, draft = tiny_llama(seed=0), ModelDrafter(tiny_llama(seed=1, layers=1), "poor", 64)
+    controller = GammaController(start=4, max_gamma=16)
+    prompt = torch.arange(2, 9)[None]
+    first, fresh = speculative_generate(target, draft, prompt, 20, gamma_controller=controller)
+    second, learnt = speculative_generate(target, draft, prompt, 20, gamma_controller=controller)
+    assert second == first
+    assert fresh.accepted_tokens < fresh.draft_tokens  # a poor draft ...
+    assert learnt.draft_tokens < fresh.draft_tokens / 2  # ... is not tried at γ=4 again on the next request

@@ -11,6 +11,7 @@ from scipy.stats import chisquare
 
 from conftest import tiny_llama
 from specdraft_eval import speculative_generate
+from specdraft_eval.drafts.composite import CompositeDrafter
 from specdraft_eval.drafts.model import ModelDrafter
 from specdraft_eval.drafts.prompt_lookup import PromptLookupDrafter
 from specdraft_eval.sampling import Sampler
@@ -73,12 +74,16 @@ SETTINGS = [
 
 
 @pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
-@pytest.mark.parametrize("draft_kind", ["model", "reduced-head", "prompt-lookup"])
+@pytest.mark.parametrize("draft_kind", ["model", "reduced-head", "prompt-lookup", "composite"])
 def test_emitted_tokens_follow_target_distribution(target, setting, draft_kind):
+    if draft_kind == "composite" and setting is not SETTINGS[0]:
+        pytest.skip("each composite proposal is one part's own: one setting suffices")
     drafts = {
         "model": lambda: ModelDrafter(tiny_llama(seed=7, vocab=VOCAB, layers=1), "d", VOCAB),
         "reduced-head": lambda: ModelDrafter(tiny_llama(seed=7, vocab=VOCAB, layers=1), "r", VOCAB, [0, 1, 3, 4, 6]),
         "prompt-lookup": PromptLookupDrafter,
+        "composite": lambda: CompositeDrafter([PromptLookupDrafter(), ModelDrafter(tiny_llama(seed=7, vocab=VOCAB,
+                                                                                              layers=1), "d", VOCAB)]),
     }
     draft = drafts[draft_kind]()
     expected = exact_joint(target, Sampler(True, **setting))

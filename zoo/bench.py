@@ -11,12 +11,14 @@ rest (engine overhead).
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import json
 import statistics
 import threading
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +30,7 @@ from specdraft_eval.drafts.model import ModelDrafter
 from specdraft_eval.drafts.prompt_lookup import PromptLookupDrafter
 from specdraft_eval.engine import clock, speculative_generate
 from specdraft_eval.errors import SpecdecError
+from specdraft_eval.gamma import GammaController
 from specdraft_eval.stats import GenerationStats
 
 SCHEMA_VERSION = 2  # 2: kernels, mismatched_prompts, vs_plain_assisted
@@ -82,6 +85,7 @@ class Config:
     drafter: object | None = None
     runs: list[list[Run]] = field(default_factory=list)  # [repeat][prompt]
     peak_mb: float | None = None
+    controller: GammaController | None = None  # dynamic γ: one per configuration, learning across its runs
 
     @property
     def kernels(self) -> str:
@@ -97,9 +101,31 @@ def assisted_kwargs(drafter, gamma: int) -> dict | None:
     if isinstance(drafter, PromptLookupDrafter):
         return {"prompt_lookup_num_tokens": gamma, "max_matching_ngram_size": drafter.max_ngram}
     if isinstance(drafter, ModelDrafter) and not drafter.reduced_head:
-        return {"assistant_model": drafter.model, "num_assistant_tokens": gamma,
-                "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.0}
+        return {"assistant_model": drafter.model, **_constant(gamma)}
     return None
+
+
+def _constant(gamma: int) -> dict:
+    """Constant γ: no schedule, and no early stop on the assistant's confidence (default threshold 0.4)."""
+    return {"num_assistant_tokens": gamma, "num_assistant_tokens_schedule": "constant",
+            "assistant_confidence_threshold": 0.0}
+
+
+@contextmanager
+def _assistant_settings(kwargs: dict):
+    """transformers reads the assistant's schedule from the assistant's own generation config, not from
+    ``generate``'s arguments: give it a copy holding the constant-γ settings while the run lasts."""
+    assistant = kwargs.get("assistant_model")
+    if assistant is None:
+        yield
+        return
+    saved = assistant.generation_config
+    assistant.generation_config = copy.deepcopy(saved)
+    assistant.generation_config.update(**_constant(kwargs["num_assistant_tokens"]))
+    try:
+        yield
+    finally:
+        assistant.generation_config = saved
 
 
 def configurations(target, drafters: list, gamma: int, plain: tuple | None = None) -> list[Config]:
@@ -133,15 +159,17 @@ class Bench:
     def generate(self, config: Config, ids: torch.Tensor, max_new_tokens: int | None = None) -> Callable[[], tuple]:
         """A function running ``config`` once on ``ids``, returning (new tokens, stats or None)."""
         budget = max_new_tokens or self.max_new_tokens
+        if config.engine == OURS_DYNAMIC and config.controller is None:
+            config.controller = GammaController(self.gamma, 4 * self.gamma)
         if config.engine in (OURS, OURS_DYNAMIC):
             return lambda: speculative_generate(config.target, config.drafter, ids, budget, num_draft_tokens=self.gamma,
-                                                dynamic_gamma=config.engine == OURS_DYNAMIC)
+                                                gamma_controller=config.controller)
         kwargs = assisted_kwargs(config.drafter, self.gamma) if config.engine == ASSISTED else {}
         generation_config = self.generation_config.__class__(**{**self.generation_config.to_diff_dict(),
                                                                  "max_new_tokens": budget})
 
         def run():
-            with torch.inference_mode():
+            with torch.inference_mode(), _assistant_settings(kwargs):
                 out = config.target.generate(ids, attention_mask=torch.ones_like(ids),
                                            generation_config=generation_config, **kwargs)
             return out[0, ids.shape[1]:].tolist(), None

@@ -373,6 +373,36 @@ def bench(
 
 @app.command()
 @cli_errors
+def recommend(
+    target: TargetOpt = "smollm2-135m-instruct",
+    task: Annotated[Optional[str], typer.Option(help="Score by this task's speedup (default: geometric mean over the "
+                                                "tasks measured).")] = None,
+    results: Annotated[Optional[list[Path]], typer.Option(help="Results folders or files to choose from (repeat); "
+                                                          "default: the published leaderboard/results.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Say what draft=auto resolves to for a target, and why (measured speedups from results files)."""
+    from dataclasses import asdict
+
+    from specdraft_eval.recommend import recommend as choose
+
+    for path in results or []:
+        if not path.exists():
+            raise SpecdecError(f"--results {path} does not exist: give folders written by lm_eval --output_path")
+    choice = choose(target, task, list(results) if results else None)
+    if as_json:
+        emit(asdict(choice), True)
+        return
+    typer.echo(f"draft=auto for {target}: draft={choice.draft}, num_draft_tokens={choice.num_draft_tokens}, "
+               f"dynamic_gamma={str(choice.dynamic_gamma).lower()}\n  {choice.reason}")
+    if choice.candidates:
+        emit([{"draft": c["draft"], "γ": c["num_draft_tokens"], "dynamic γ": c["dynamic_gamma"],
+               "speedup by task": ", ".join(f"{t} {v:.2f}x" for t, v in sorted(c["speedup"].items())),
+               "score": c["score"], "loads here": c["loadable"]} for c in choice.candidates], False, floatfmt=".2f")
+
+
+@app.command()
+@cli_errors
 def leaderboard(
     results: Annotated[list[Path], typer.Argument(help="Results folders (lm_eval --output_path) or files.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder for README.md, leaderboard.csv, index.html, PNGs.")],

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from specdraft_eval import kernels
 from specdraft_eval.drafts.base import Drafter, Proposal
+from specdraft_eval.drafts.composite import SEPARATOR, CompositeDrafter
 from specdraft_eval.drafts.model import DRAFT_VOCAB_FILE, ModelDrafter
 from specdraft_eval.errors import SpecdecError
 
@@ -55,10 +56,16 @@ def check_tokenizers(target_tokenizer, draft_tokenizer, draft_name: str) -> None
 
 
 def load_draft(spec: str, target, tokenizer) -> Drafter:
-    """Build the draft named by ``spec`` for ``target`` (a loaded HF causal LM) and its tokenizer."""
+    """Build the draft named by ``spec`` for ``target`` (a loaded HF causal LM) and its tokenizer.
+    ``A|B`` is a :class:`~specdraft_eval.drafts.composite.CompositeDrafter` (B drafts where A finds nothing)."""
     if not isinstance(spec, str) or not spec.strip():
         raise SpecdecError("empty draft: use draft=prompt-lookup, draft=layers:0-3,29 or a draft model name")
     spec = spec.strip()
+    if SEPARATOR in spec:
+        parts = [part.strip() for part in spec.split(SEPARATOR)]
+        if not all(parts) or len(parts) < 2:
+            raise SpecdecError(f"bad composite draft {spec!r}: name two or more drafts, e.g. draft=prompt-lookup|layers:0-4")
+        return CompositeDrafter([load_draft(part, target, tokenizer) for part in parts])
     kind, _, arg = spec.partition(":")
     kinds = draft_kinds()
     if kind in kinds:

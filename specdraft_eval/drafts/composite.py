@@ -1,0 +1,40 @@
+"""``A|B``: draft with A; where A proposes nothing, with B (e.g. ``prompt-lookup|DRAFT_DIR``).
+
+Prompt lookup costs microseconds and, where the text repeats, proposes long runs the target accepts; a
+model draft costs a few layers' worth of time per token but proposes everywhere. The composite asks its
+parts in order and returns the first non-empty proposal, so each step's proposal is one part's own and
+verification (greedy or rejection sampling against that part's distribution) stays exact.
+"""
+
+from __future__ import annotations
+
+from specdraft_eval.drafts.base import Drafter, Proposal
+from specdraft_eval.sampling import Sampler
+
+SEPARATOR = "|"
+
+
+class CompositeDrafter:
+    """The first of ``parts`` that proposes anything drafts the step; ``used`` counts steps per part."""
+
+    def __init__(self, parts: list[Drafter]) -> None:
+        self.parts = parts
+        self.name = SEPARATOR.join(p.name for p in parts)
+        self.used = [0] * len(parts)
+
+    @property
+    def model(self):
+        """The model of the first part that has one (its weights and depth are what the record reports)."""
+        return next((p.model for p in self.parts if getattr(p, "model", None) is not None), None)
+
+    def propose(self, tokens: list[int], num_tokens: int, sampler: Sampler) -> Proposal:
+        for i, part in enumerate(self.parts):
+            proposal = part.propose(tokens, num_tokens, sampler)
+            if proposal.tokens:
+                self.used[i] += 1
+                return proposal
+        return Proposal([])
+
+    def reset(self) -> None:
+        for part in self.parts:
+            part.reset()

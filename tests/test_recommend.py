@@ -1,0 +1,64 @@
+"""``draft=auto`` / ``zoo recommend``: the fastest measured configuration that loads here, else prompt lookup."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import run_cli, save_tiny
+from specdraft_eval.recommend import recommend
+from test_leaderboard import write_result
+
+TARGET = "smollm2-135m-instruct"  # the target write_result records
+
+
+@pytest.fixture()
+def results(tmp_path):
+    root = tmp_path / "results"
+    # speedups (humaneval, mmlu_cot): prompt lookup 1.2x/1.11x, the layer view 2.4x/1.11x, a missing draft 3.6x/1.11x
+    for i, draft in enumerate(["prompt-lookup:3", "layers:0,1,2,3,4", "drafts/missing"]):
+        write_result(root / str(i), draft, 1.0 + i)
+    return root
+
+
+def test_the_fastest_loadable_configuration_wins(results):
+    choice = recommend(TARGET, results=[results])
+    assert (choice.draft, choice.num_draft_tokens, choice.dynamic_gamma) == ("layers:0,1,2,3,4", 3, False)
+    assert "1.63x plain decoding (geometric mean" in choice.reason  # sqrt(2.4 * 1.11)
+    missing = next(c for c in choice.candidates if c["draft"] == "drafts/missing")
+    assert not missing["loadable"] and missing["score"] > 1.63  # faster, but it does not load here
+    assert recommend(TARGET, "specdec_mmlu_cot", [results]).draft == "prompt-lookup:3"  # ties: the first scanned
+
+
+def test_without_a_winner_it_is_prompt_lookup_with_dynamic_gamma(results, tmp_path):
+    for choice in (recommend("another-target", results=[results]), recommend(TARGET, results=[tmp_path / "none"])):
+        assert (choice.draft, choice.dynamic_gamma) == ("prompt-lookup", True)
+        assert "beats plain decoding" in choice.reason
+
+
+def test_zoo_recommend_cli(results, tmp_path):
+    done = run_cli("zoo", "recommend", "--target", TARGET, "--results", str(results), "--json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout)["draft"] == "layers:0,1,2,3,4"
+    table = run_cli("zoo", "recommend", "--target", TARGET, "--results", str(results), "--task", "specdec_humaneval")
+    assert table.returncode == 0 and "draft=auto for smollm2-135m-instruct: draft=layers:0,1,2,3,4" in table.stdout
+    assert "loads here" in table.stdout
+    bad = run_cli("zoo", "recommend", "--results", str(tmp_path / "nowhere"))
+    assert bad.returncode == 1 and "Traceback" not in bad.stderr
+    assert bad.stderr.strip().splitlines()[-1].startswith("zoo: error: --results")
+
+
+def test_lm_eval_model_resolves_auto(tmp_path, monkeypatch):
+    """draft=auto takes the recommendation's draft, γ and dynamic γ; explicit model_args win."""
+    from specdraft_eval import lm_eval_model
+    from specdraft_eval.recommend import Recommendation
+
+    tiny = save_tiny(tmp_path / "tiny")
+    monkeypatch.setattr(lm_eval_model, "recommend", lambda target: Recommendation(target, None, "layers:0", 2, True, "test"))
+    lm = lm_eval_model.SpecDecLM(pretrained=str(tiny), draft="auto", device="cpu")
+    assert (lm._drafter.name, lm.num_draft_tokens, lm.dynamic_gamma) == ("layers:0", 2, True)
+    lm = lm_eval_model.SpecDecLM(pretrained=str(tiny), draft="auto", num_draft_tokens=5, dynamic_gamma="false",
+                                 device="cpu")
+    assert (lm.num_draft_tokens, lm.dynamic_gamma) == (5, False)
+
