@@ -202,7 +202,8 @@ class SpecDecLM(HFLM):
 
     def specdec_info(self) -> dict:
         """The ``specdec`` block for the results file."""
-        profile = read_profile(default_profile_path(self.target_name, str(self.device)), named=False)
+        profile = read_profile(default_profile_path(self.target_name, str(self.device),
+                                                    kernel_paths.kernels_of(self.model)), named=False)
         return SpecdecRecord.new(
             self.target_name,
             self._drafter.name,

@@ -294,8 +294,9 @@ def scan_results(paths: list[Path]) -> list[ResultsFile]:
 # --- profiles ----------------------------------------------------------------------------------------------
 
 
-def default_profile_path(target: str, device: str | None = None) -> Path:
-    """Where this machine's profile of ``target`` is cached (per hardware and target)."""
+def default_profile_path(target: str, device: str | None = None, kernels: str = "plain") -> Path:
+    """Where this machine's profile of ``target`` is cached (per hardware, target and kernel path: see
+    :mod:`specdraft_eval.kernels`; plain-kernel profiles keep the name they had before kernel paths existed)."""
     import re
 
     import torch
@@ -303,7 +304,8 @@ def default_profile_path(target: str, device: str | None = None) -> Path:
     from specdraft_eval.targets import cache_root
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{hardware(device)}--{target}")
+    suffix = "" if kernels == "plain" else f"--{kernels}"
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{hardware(device)}--{target}{suffix}")
     return cache_root() / "profiles" / f"{slug}.json"
 
 

@@ -9,6 +9,7 @@ import torch
 
 from specdraft_eval import kv
 from specdraft_eval.errors import SpecdecError
+from specdraft_eval.kernels import kernels_of
 from specdraft_eval.record import default_profile_path, hardware, model_facts, read_profile, write_profile
 from specdraft_eval.sampling import Sampler
 
@@ -121,7 +122,7 @@ def measure_and_write(target, target_name: str, drafters: list, gammas: list[int
     """
     if context < 1 or repeats < 1:
         raise SpecdecError("--context and --repeats must be >= 1")
-    path = out or default_profile_path(target_name)
+    path = out or default_profile_path(target_name, str(target.device), kernels_of(target))
     old = read_profile(path, named=out is not None) or {}
     same = old.get("context") == context
     measured = engine_latency(target, drafters, gammas, prompts or [context_tokens(context, target.config.vocab_size)],
@@ -148,7 +149,7 @@ def measure_and_write(target, target_name: str, drafters: list, gammas: list[int
 
 def ensure_profile(target, target_name: str, drafters: list, gammas: list[int], context: int, repeats: int) -> dict:
     """The cached profile of this machine, measuring first whatever it lacks (drafts, γ, or the context)."""
-    path = default_profile_path(target_name)
+    path = default_profile_path(target_name, str(target.device), kernels_of(target))
     profile = read_profile(path, named=False)
     if profile and profile["context"] == context:
         missing = [d for d in drafters if d.name not in profile["drafts"]]
