@@ -19,7 +19,7 @@ from specdraft_eval.drafts.composite import SEPARATOR
 from specdraft_eval.record import RecordWarning, scan_results
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_RESULTS = REPO / "leaderboard" / "results"
+DEFAULT_RESULTS = [REPO / "leaderboard" / "results", REPO / "leaderboard" / "results-auto"]
 FALLBACK = {"draft": "prompt-lookup", "num_draft_tokens": 4, "dynamic_gamma": True}
 
 
@@ -82,7 +82,7 @@ def _score(candidate: dict, task: str | None) -> float | None:
 def recommend(target: str, task: str | None = None, results: list[Path] | None = None) -> Recommendation:
     """The fastest measured configuration for ``target`` that loads here (see the module docstring)."""
     scored = []
-    for candidate in candidates(target, results if results is not None else [DEFAULT_RESULTS]):
+    for candidate in candidates(target, results if results is not None else DEFAULT_RESULTS):
         candidate["score"] = _score(candidate, task)
         scored.append(candidate)
     scored.sort(key=lambda c: -(c["score"] or 0))

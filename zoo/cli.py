@@ -378,7 +378,7 @@ def recommend(
     task: Annotated[Optional[str], typer.Option(help="Score by this task's speedup (default: geometric mean over the "
                                                 "tasks measured).")] = None,
     results: Annotated[Optional[list[Path]], typer.Option(help="Results folders or files to choose from (repeat); "
-                                                          "default: the published leaderboard/results.")] = None,
+                                                          "default: the published leaderboard/results and leaderboard/results-auto.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Say what draft=auto resolves to for a target, and why (measured speedups from results files)."""
