@@ -7,12 +7,13 @@ the ones before it were, all exponentially decayed — and picks
     γ* = argmax_γ  E[tokens | γ] / (γ · t_draft + t_verify(γ + 1)),   E[tokens | γ] = 1 + Σ_{i≤γ} Π_{j≤i} c_j
 
 over 0..max. Position-wise rates capture bursty drafts (prompt lookup either copies a run or misses at once),
-which a single per-token rate would not; a position never drafted yet takes the last measured rate. γ = 0 is a plain autoregressive step, so a draft that does not pay is backed off; after
-``probe_every`` such steps one γ = 1 step re-measures α, and each probe that is rejected doubles the wait
-(up to ``max_probe_every``), so a hopeless draft costs a fraction of a percent. One controller may serve
-every generation of a run (``speculative_generate(..., gamma_controller=...)``): what it learnt about the
-draft carries over instead of being paid for again at the start of each request. Unmeasured verify sizes are estimated from the
-measured ones (optimistically, so larger γ gets tried), and γ grows by at most 2 beyond the largest size
+which a single per-token rate would not; a position never drafted yet takes the last measured rate.
+γ = 0 is a plain autoregressive step, so a draft that does not pay is backed off; after ``probe_every`` such
+steps one γ = 1 step re-measures α, and each probe that is rejected doubles the wait (up to
+``max_probe_every``), so a hopeless draft costs a fraction of a percent. One controller may serve every
+generation of a run (``speculative_generate(..., gamma_controller=...)``): what it learnt about the draft
+carries over instead of being paid for again at the start of each request. Unmeasured verify sizes are
+estimated from the measured ones (optimistically, so larger γ gets tried), and γ grows by at most 2 beyond the largest size
 measured, so it only climbs while the measurements say it pays.
 """
 
