@@ -105,3 +105,18 @@ def test_bench_bad_options(tiny, prompts_file):
                           (["--dtype", "int8"], "bad --dtype"), (["--task", "specdec_humaneval"], "not both")]:
         done = run_cli("zoo", "bench", "--target", str(tiny), "--prompts", str(prompts_file), *args)
         assert done.returncode == 1 and message in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_transformers_assistant_gets_constant_gamma_from_its_own_config(tiny):
+    """transformers reads the assistant's schedule from the assistant's generation config: bench sets it there
+    for the run (constant γ, no confidence stop) and restores the draft's own afterwards."""
+    target, tokenizer = load_target(str(tiny))
+    drafter = load_draft(str(tiny), target, tokenizer)
+    own = drafter.model.generation_config
+    kwargs = bench.assisted_kwargs(drafter, 3)
+    with bench._assistant_settings(kwargs):
+        config = drafter.model.generation_config
+        assert config is not own
+        assert (config.num_assistant_tokens, config.num_assistant_tokens_schedule,
+                config.assistant_confidence_threshold) == (3, "constant", 0.0)
+    assert drafter.model.generation_config is own
