@@ -161,7 +161,7 @@ def speculative_generate(
     decode_start = clock(device)
     stats.prefill_seconds = decode_start - start
     tokens, new = list(prompt), []
-    controller = gamma_controller or (GammaController(num_draft_tokens, 4 * num_draft_tokens) if dynamic_gamma else None)
+    controller = gamma_controller or (GammaController.around(num_draft_tokens) if dynamic_gamma else None)
     done = False
     while not done:
         t0 = clock(device)

@@ -36,6 +36,11 @@ class GammaController:
         self._idle = 0  # autoregressive steps since the last drafted one
         self.gamma = start
 
+    @classmethod
+    def around(cls, num_draft_tokens: int) -> "GammaController":
+        """The controller dynamic γ uses: starts at ``num_draft_tokens``, chooses from 0..4×``num_draft_tokens``."""
+        return cls(num_draft_tokens, 4 * num_draft_tokens)
+
     def acceptance(self, position: int) -> float:
         """c_position: the chance that draft token ``position`` (1-based) is accepted given the earlier ones were."""
         index = min(position, len(self._reached)) - 1

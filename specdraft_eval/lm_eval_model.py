@@ -113,7 +113,7 @@ class SpecDecLM(HFLM):
         self._drafter = load_draft(draft, self.model, self.tokenizer)
         self._stats: dict[str, GenerationStats] = defaultdict(GenerationStats)
         # dynamic γ learns about the draft over the whole run, not again for every request
-        self._gamma_controller = (GammaController(self.num_draft_tokens, 4 * self.num_draft_tokens)
+        self._gamma_controller = (GammaController.around(self.num_draft_tokens)
                                   if self.dynamic_gamma else None)
         self._baseline_mismatches = 0
         self._task = "default"

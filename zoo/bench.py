@@ -160,7 +160,7 @@ class Bench:
         """A function running ``config`` once on ``ids``, returning (new tokens, stats or None)."""
         budget = max_new_tokens or self.max_new_tokens
         if config.engine == OURS_DYNAMIC and config.controller is None:
-            config.controller = GammaController(self.gamma, 4 * self.gamma)
+            config.controller = GammaController.around(self.gamma)
         if config.engine in (OURS, OURS_DYNAMIC):
             return lambda: speculative_generate(config.target, config.drafter, ids, budget, num_draft_tokens=self.gamma,
                                                 gamma_controller=config.controller)
