@@ -23,6 +23,7 @@ from specdraft_eval.recommend import recommend
 from specdraft_eval.record import (
     SpecdecRecord,
     default_profile_path,
+    hardware,
     profile_latencies,
     read_profile,
 )
@@ -91,8 +92,9 @@ class SpecDecLM(HFLM):
         kernel_paths.check(kernels)
         self.target_name = pretrained if isinstance(pretrained, str) else type(pretrained).__name__
         chosen = {"draft": draft, "num_draft_tokens": 4, "dynamic_gamma": False}
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         if draft == "auto":
-            recommendation = recommend(self.target_name)
+            recommendation = recommend(self.target_name, hardware=hardware(device))
             chosen = {k: getattr(recommendation, k) for k in chosen}
             log.warning("draft=auto for %s: %s (%s)", self.target_name, chosen, recommendation.reason)
         draft = chosen["draft"]
@@ -106,7 +108,6 @@ class SpecDecLM(HFLM):
             pretrained = source.path
             if source.gguf_file:
                 kwargs["gguf_file"] = source.gguf_file
-        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         super().__init__(pretrained=pretrained, device=device, **kwargs)
         kernel_paths.apply(self.model, kernels)  # before the draft, so that a layer view shares the packed layers
         self.draft_name = draft

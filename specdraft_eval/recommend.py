@@ -2,7 +2,9 @@
 
 Candidates are the (draft, γ, dynamic γ) configurations with baseline timing in the results files for the
 target whose drafts load here (built-in kinds, or directories and files that exist). The score is the
-measured speedup on the task asked for, else the geometric mean over the tasks measured. Without a
+measured speedup on the task asked for, else the geometric mean over the tasks measured; configurations
+measured on the hardware ``auto`` runs on come first (a speedup on one machine says little about another's),
+and the reason says when the winner was measured elsewhere. Without a
 configuration that beats plain decoding the answer is prompt lookup with dynamic γ: it needs no weights,
 and dynamic γ falls back to autoregressive steps where lookup finds nothing.
 """
@@ -60,7 +62,7 @@ def candidates(target: str, results: list[Path]) -> list[dict]:
         record = file.record
         if record.target != target:
             continue
-        key = (record.draft, record.num_draft_tokens, record.dynamic_gamma)
+        key = (record.draft, record.num_draft_tokens, record.dynamic_gamma, record.hardware)
         entry = merged.setdefault(key, {"draft": record.draft, "num_draft_tokens": record.num_draft_tokens,
                                         "dynamic_gamma": record.dynamic_gamma, "hardware": record.hardware,
                                         "speedup": {}, "tar": {}, "files": []})
@@ -79,19 +81,23 @@ def _score(candidate: dict, task: str | None) -> float | None:
     return math.exp(sum(math.log(s) for s in speedups.values()) / len(speedups))
 
 
-def recommend(target: str, task: str | None = None, results: list[Path] | None = None) -> Recommendation:
-    """The fastest measured configuration for ``target`` that loads here (see the module docstring)."""
+def recommend(target: str, task: str | None = None, results: list[Path] | None = None,
+              hardware: str | None = None) -> Recommendation:
+    """The fastest measured configuration for ``target`` that loads here, those measured on ``hardware`` (this
+    machine's name, :func:`specdraft_eval.record.hardware`) first (see the module docstring)."""
     scored = []
     for candidate in candidates(target, results if results is not None else DEFAULT_RESULTS):
         candidate["score"] = _score(candidate, task)
         scored.append(candidate)
-    scored.sort(key=lambda c: -(c["score"] or 0))
+    scored.sort(key=lambda c: (hardware is not None and c["hardware"] != hardware, -(c["score"] or 0)))
     best = next((c for c in scored if c["loadable"] and c["score"] and c["score"] > 1.0), None)
     where = f"on {task}" if task else "geometric mean over the tasks measured"
     if best is None:
         reason = (f"no measured configuration for {target} that loads here beats plain decoding ({where}); "
                   "prompt lookup needs no weights and dynamic γ backs off where it does not pay")
         return Recommendation(target, task, reason=reason, candidates=scored, **FALLBACK)
-    reason = (f"fastest measured: {best['score']:.2f}x plain decoding ({where}) on {best['hardware']}, "
-              f"from {len(best['files'])} results file(s)")
+    elsewhere = hardware is not None and best["hardware"] != hardware
+    reason = (f"fastest measured: {best['score']:.2f}x plain decoding ({where}) on {best['hardware']}"
+              + (f", not this machine ({hardware}): no measurement from here" if elsewhere else "")
+              + f", from {len(best['files'])} results file(s)")
     return Recommendation(target, task, best["draft"], best["num_draft_tokens"], best["dynamic_gamma"], reason, scored)

@@ -10,6 +10,7 @@ from specdraft_eval import SpecdecError, autoregressive_generate, speculative_ge
 from specdraft_eval.drafts.composite import CompositeDrafter
 from specdraft_eval.drafts.layers import layer_view
 from specdraft_eval.drafts.model import ModelDrafter
+from specdraft_eval.drafts.ngram import NGramDrafter
 from specdraft_eval.drafts.prompt_lookup import PromptLookupDrafter
 
 
@@ -26,7 +27,14 @@ def drafts(target):
         "self": ModelDrafter(target, "self", 64),
         "reduced-head": ModelDrafter(tiny_llama(seed=1, layers=2), "reduced", 64, token_ids=list(range(0, 64, 2))),
         "composite": CompositeDrafter([PromptLookupDrafter(), ModelDrafter(layer_view(target, [0, 3]), "l", 64)]),
+        "ngram": NGramDrafter(on_policy(target)),
     }
+
+
+def on_policy(target) -> list[list[int]]:
+    """The target's own greedy continuations of prompts other than the tests' (what `zoo ngram` builds from)."""
+    prompts = [torch.randint(0, 64, (1, 6), generator=torch.Generator().manual_seed(100 + i)) for i in range(6)]
+    return [hf_greedy(target, p, 40) for p in prompts]
 
 
 def hf_greedy(model, prompt: torch.Tensor, n: int) -> list[int]:
@@ -35,7 +43,7 @@ def hf_greedy(model, prompt: torch.Tensor, n: int) -> list[int]:
     return out[0, prompt.shape[1] :].tolist()
 
 
-@pytest.mark.parametrize("name", ["prompt-lookup", "layers", "other-model", "self", "reduced-head", "composite"])
+@pytest.mark.parametrize("name", ["prompt-lookup", "layers", "other-model", "self", "reduced-head", "composite", "ngram"])
 @pytest.mark.parametrize("gamma,dynamic", [(1, False), (3, False), (5, True)])
 def test_greedy_matches_transformers_generate(target, name, gamma, dynamic):
     draft = drafts(target)[name]

@@ -16,19 +16,23 @@ from specdraft_eval.record import SpecdecRecord
 from specdraft_eval.stats import GenerationStats
 
 
-def write_result(folder: Path, draft: str, tps_scale: float, task_acc: float = 0.5) -> Path:
+def write_result(folder: Path, draft: str, tps_scale: float, task_acc: float = 0.5,
+                 target: str = "smollm2-135m-instruct", baseline: bool = True) -> Path:
     stats = {
         "specdec_humaneval": GenerationStats(1, 10, 30, 12, 22, 0.1, 0.3 / tps_scale, 0.5, 1.0 / tps_scale, 22, 1.2,
                                              [10, 10, 10], [6, 4, 2], [4, 2, 2, 2], [2.2]),
         "specdec_mmlu_cot": GenerationStats(1, 10, 30, 6, 16, 0.1, 0.3, 0.5, 0.9, 16, 1.0,
                                             [10, 10, 10], [4, 2, 0], [6, 2, 2, 0], [1.6]),
     }
-    block = SpecdecRecord.new("smollm2-135m-instruct", draft, 3, False, "cpu", stats).to_block()
+    if not baseline:
+        for figures in stats.values():
+            figures.baseline_tokens, figures.baseline_seconds = 0, 0.0
+    block = SpecdecRecord.new(target, draft, 3, False, "cpu", stats).to_block()
     data = {"results": {"specdec_humaneval": {"alias": "x", "pass@1,none": task_acc, "pass@1_stderr,none": 0.1},
                         "specdec_mmlu_cot": {"exact_match,none": 0.25}},
             "config": {"specdec": block}, "date": 1764700000.0}
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"results_{re.sub(r'[^A-Za-z0-9]', '_', draft)}.json"
+    path = folder / f"results_{re.sub(r'[^A-Za-z0-9]', '_', target + draft)}.json"
     path.write_text(json.dumps(data))
     return path
 
@@ -66,6 +70,25 @@ def test_outputs_are_complete_and_deterministic(results, tmp_path):
     assert "| 0.60 0.40 0.20  " in readme and "| 0.40 0.20 0.00  " in readme  # acceptance by position
 
 
+def test_a_drafts_own_run_fills_its_accuracy_column_and_figures_are_rounded(results, tmp_path):
+    """A run with the draft as the target and no baseline timing is the draft's accuracy, not a group of rows."""
+    write_result(results / "as-target", "prompt-lookup:3", 1.0, task_acc=0.125, target="drafts/five", baseline=False)
+    out = tmp_path / "out"
+    assert build(results, out).returncode == 0
+    rows = list(csv.DictReader((out / "leaderboard.csv").open()))
+    assert len(rows) == 6 and {r["target"] for r in rows} == {"smollm2-135m-instruct"}
+    accuracy = {(r["draft"], r["task"]): r["draft_accuracy"] for r in rows}
+    assert accuracy[("drafts/five", "specdec_humaneval")] == "0.125"
+    assert accuracy[("drafts/five", "specdec_mmlu_cot")] == "0.25"
+    assert accuracy[("prompt-lookup:3", "specdec_humaneval")] == ""
+    readme = (out / "README.md").read_text()
+    assert "## drafts/five" not in readme
+    table = [line.split("|") for line in readme.splitlines() if line.startswith("| drafts/five ")]
+    header = [h.strip() for h in next(line for line in readme.splitlines() if line.startswith("| draft ")).split("|")]
+    speedup, tar = (table[0][header.index(name)].strip() for name in ("speedup", "TAR"))
+    assert re.fullmatch(r"\d+\.\d\d", speedup) and re.fullmatch(r"\d+\.\d\d", tar)  # two decimals, no more
+
+
 BAD_FILES = {
     "corrupt": '{"config": {"specdec": ',
     "truncated": None,  # a real results file cut in half
@@ -76,7 +99,7 @@ BAD_FILES = {
 
 def bad_file(results: Path, kind: str) -> Path:
     """Write one unusable results file of ``kind`` into ``results/other``."""
-    good = next(results.rglob("results_prompt*.json")).read_text()
+    good = next(results.rglob("results_*prompt*.json")).read_text()
     text = BAD_FILES[kind]
     if kind == "truncated":
         text = good[: len(good) // 2]
@@ -117,7 +140,7 @@ def test_unusable_named_file_is_an_error_and_nothing_is_written(results, tmp_pat
 
 
 def test_version_1_files_are_converted(results, tmp_path):
-    path = next(results.rglob("results_prompt*.json"))
+    path = next(results.rglob("results_*prompt*.json"))
     data = json.loads(path.read_text())
     block = data["config"]["specdec"]
     old_tar = block["per_task"]["specdec_humaneval"]["accepted_per_step"]
@@ -139,21 +162,30 @@ def test_html_page_loads_shows_every_row_and_sorts_in_headless_chromium(results,
     out = tmp_path / "out"
     assert build(results, out).returncode == 0
     page = (out / "index.html").read_text()
-    # Click the tokens/s header twice (descending) after the page's own script ran, then dump the DOM.
+    # Click the tokens/s header twice (descending) after the page's own script ran, note whether speedup, TAR
+    # and accuracy are on screen, then dump the DOM.
     probe = """<script>
-var th = Array.prototype.filter.call(document.querySelectorAll('#board th'), function (h) { return h.textContent === 'tokens/s'; })[0];
+var th = Array.prototype.filter.call(document.querySelectorAll('table.board th'), function (h) { return h.textContent === 'tokens/s'; })[0];
 th.click(); th.click();
+var seen = ['speedup', 'TAR', 'accuracy'].map(function (name) {
+  var h = Array.prototype.filter.call(document.querySelectorAll('table.board th'), function (x) { return x.textContent === name; })[0];
+  var box = h.getBoundingClientRect();
+  return box.right <= window.innerWidth && box.bottom <= window.innerHeight;
+});
+document.body.setAttribute('data-visible', seen.join(','));
 </script></body>"""
     (out / "probe.html").write_text(page.replace("</body>", probe))
     dom = subprocess.run(
         ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}",
+         "--disable-component-update", "--disable-sync", "--no-first-run", "--window-size=1400,1000", f"--user-data-dir={tmp_path / 'profile'}",
          "--virtual-time-budget=3000", "--dump-dom", f"file://{out / 'probe.html'}"],
         capture_output=True, text=True, timeout=120,
     ).stdout
     rows = re.findall(r"<tr>(.*?)</tr>", dom.split("<tbody>")[1])
     assert len(rows) == 6
     assert "acceptance by position" in dom
+    assert 'data-visible="true,true,true"' in dom  # speedup, TAR and accuracy without scrolling at 1400x1000
+    assert all(f'<img src="{name}"' in dom for name in ("tokens_per_second_vs_draft_ms.png", "tar_vs_draft_accuracy.png"))
     col = [h for h in re.findall(r"<th[^>]*>(.*?)</th>", dom)].index("tokens/s")
     values = [float(re.findall(r'data-v="([^"]*)"', r)[col]) for r in rows]
     assert values == sorted(values, reverse=True) and values[0] > values[-1]

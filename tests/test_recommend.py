@@ -31,6 +31,20 @@ def test_the_fastest_loadable_configuration_wins(results):
     assert recommend(TARGET, "specdec_mmlu_cot", [results]).draft == "prompt-lookup:3"  # ties: the first scanned
 
 
+def test_measurements_from_this_hardware_come_first(results):
+    """The records say "CPU: ..." (write_result runs on the CPU): on another machine they still answer, but say so."""
+    from specdraft_eval.record import hardware
+
+    here = recommend(TARGET, results=[results], hardware=hardware("cpu"))
+    assert here.draft == "layers:0,1,2,3,4" and "not this machine" not in here.reason
+    elsewhere = recommend(TARGET, results=[results], hardware="NVIDIA H100 80GB HBM3")
+    assert elsewhere.draft == "layers:0,1,2,3,4" and "not this machine (NVIDIA H100 80GB HBM3)" in elsewhere.reason
+    write_result(results / "h100", "prompt-lookup:3", 1.0)  # slower, but measured on the H100
+    data = next((results / "h100").glob("*.json"))
+    data.write_text(data.read_text().replace(hardware("cpu"), "NVIDIA H100 80GB HBM3"))
+    assert recommend(TARGET, "specdec_humaneval", [results], "NVIDIA H100 80GB HBM3").draft == "prompt-lookup:3"
+
+
 def test_without_a_winner_it_is_prompt_lookup_with_dynamic_gamma(results, tmp_path):
     for choice in (recommend("another-target", results=[results]), recommend(TARGET, results=[tmp_path / "none"])):
         assert (choice.draft, choice.dynamic_gamma) == ("prompt-lookup", True)
@@ -55,7 +69,7 @@ def test_lm_eval_model_resolves_auto(tmp_path, monkeypatch):
     from specdraft_eval.recommend import Recommendation
 
     tiny = save_tiny(tmp_path / "tiny")
-    monkeypatch.setattr(lm_eval_model, "recommend", lambda target: Recommendation(target, None, "layers:0", 2, True, "test"))
+    monkeypatch.setattr(lm_eval_model, "recommend", lambda target, hardware: Recommendation(target, None, "layers:0", 2, True, "test"))
     lm = lm_eval_model.SpecDecLM(pretrained=str(tiny), draft="auto", device="cpu")
     assert (lm._drafter.name, lm.num_draft_tokens, lm.dynamic_gamma) == ("layers:0", 2, True)
     lm = lm_eval_model.SpecDecLM(pretrained=str(tiny), draft="auto", num_draft_tokens=5, dynamic_gamma="false",

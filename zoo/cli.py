@@ -166,6 +166,31 @@ def prune(
 
 @app.command()
 @cli_errors
+def ngram(
+    model: Annotated[str, typer.Argument(help="The target whose own continuations the draft learns.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="New directory for the draft (must not exist).")],
+    prompts: Annotated[Optional[str], typer.Option(help="Prompts to continue: a bundled task's held-in documents "
+                                                   "(specdec_humaneval, specdec_mmlu_cot) or a text file of prompts "
+                                                   "separated by blank lines (default: both tasks' held-in documents).")] = None,
+    new_tokens: Annotated[int, typer.Option(help="Tokens the target generates per prompt.")] = 128,
+    as_json: JsonOpt = False,
+) -> None:
+    """Build an n-gram draft (`draft=ngram:DIR`) from the target's own greedy continuations of held-in prompts."""
+    from specdraft_eval.targets import load_target
+    from zoo import ngram as ngrams
+    from zoo import prune as pruning
+
+    pruning.check_out(out)
+    texts = ngrams.ngram_prompts(prompts)
+    target, tokenizer = load_target(model, kernels="onednn")
+    with progress() as bar:
+        task = bar.add_task("continuing prompts", total=len(texts))
+        meta = ngrams.build(target, tokenizer, model, texts, new_tokens, out, on_batch=lambda n: bar.advance(task, n))
+    emit({"out": str(out), "draft": f"ngram:{out}", **meta}, as_json)
+
+
+@app.command()
+@cli_errors
 def profile(
     target: TargetOpt = "smollm2-135m-instruct",
     drafts: Annotated[Optional[list[str]], typer.Option("--drafts", "-d", help="Drafts to time (repeat the option).")] = None,
@@ -384,12 +409,13 @@ def recommend(
     """Say what draft=auto resolves to for a target, and why (measured speedups from results files)."""
     from dataclasses import asdict
 
+    from specdraft_eval.record import hardware
     from specdraft_eval.recommend import recommend as choose
 
     for path in results or []:
         if not path.exists():
             raise SpecdecError(f"--results {path} does not exist: give folders written by lm_eval --output_path")
-    choice = choose(target, task, list(results) if results else None)
+    choice = choose(target, task, list(results) if results else None, hardware("cuda" if torch_cuda() else "cpu"))
     if as_json:
         emit(asdict(choice), True)
         return

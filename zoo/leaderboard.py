@@ -19,14 +19,20 @@ from specdraft_eval.record import ResultsFile, atomic_write, scan_results
 from specdraft_eval.report import positions
 
 COLUMNS = [
-    ("target", "target"), ("draft", "draft"), ("draft_parameters_m", "draft params (M)"),
-    ("draft_layers", "draft layers"), ("task", "task"), ("accuracy", "accuracy"), ("tar", "TAR"),
-    ("tar_p50", "TAR p50 of requests"), ("accepted_per_step", "accepted/step"), ("acceptance_rate", "acceptance rate"),
-    ("acceptance_by_position", "acceptance by position"),
+    ("target", "target"), ("hardware", "hardware"), ("draft", "draft"), ("task", "task"),
+    ("speedup", "speedup"), ("tar", "TAR"), ("accuracy", "accuracy"), ("draft_accuracy", "draft accuracy"),
+    ("documents", "documents"), ("tokens_per_second", "tokens/s"), ("baseline_tokens_per_second", "plain tokens/s"),
     ("draft_ms_per_token", "draft ms/token"), ("verify_ms_per_step", "verify ms/step"),
-    ("tokens_per_second", "tokens/s"), ("speedup", "speedup"), ("gamma", "γ"), ("hardware", "hardware"),
-    ("date", "date"), ("lm_eval", "lm-eval"), ("specdraft_eval", "specdraft-eval"),
+    ("acceptance_by_position", "acceptance by position"), ("gamma", "γ"), ("dynamic_gamma", "dynamic γ"),
+    ("tar_p50", "TAR p50 of requests"), ("accepted_per_step", "accepted/step"),
+    ("acceptance_rate", "acceptance rate"), ("draft_parameters_m", "draft params (M)"),
+    ("draft_layers", "draft layers"), ("date", "date"), ("lm_eval", "lm-eval"), ("specdraft_eval", "specdraft-eval"),
 ]
+GROUPED = ("target", "hardware")  # headings of the page, not columns of its tables
+DECIMALS = {"speedup": 2, "tar": 2, "tar_p50": 2, "accepted_per_step": 2, "acceptance_rate": 2, "accuracy": 2,
+            "draft_accuracy": 2, "tokens_per_second": 1, "baseline_tokens_per_second": 1, "verify_ms_per_step": 1,
+            "draft_parameters_m": 1}
+"""Decimals shown: speedup and TAR to 0.01 (their run-to-run spread here is a few percent), times to 0.1 ms."""
 
 
 def _accuracy(task_results: dict) -> tuple[str | None, float | None]:
@@ -47,48 +53,73 @@ def rows_from_file(entry: ResultsFile) -> list[dict]:
         rows.append({
             "target": record.target, "draft": record.draft, "draft_parameters_m": record.draft_parameters_m or None,
             "draft_layers": record.draft_layers or None, "task": task, "metric": metric, "accuracy": value,
+            "draft_accuracy": None, "documents": stats.generations or None,
             **{k: figures[k] for k, _ in COLUMNS if k in figures},
             "acceptance_rate_per_position": figures["acceptance_rate_per_position"],
             "acceptance_by_position": positions(figures["acceptance_rate_per_position"]),
             "tar_p50": (figures["per_request_mean_accepted_length"] or {}).get("p50"),
-            "gamma": record.num_draft_tokens, "hardware": record.hardware or None, "date": day,
+            "gamma": record.num_draft_tokens, "dynamic_gamma": "yes" if record.dynamic_gamma else "no",
+            "hardware": record.hardware or None, "date": day,
             "lm_eval": record.versions.get("lm-eval"), "specdraft_eval": record.versions.get("specdraft-eval"),
         })
     return rows
 
 
 def collect(paths: list[Path]) -> list[dict]:
+    """The leaderboard's rows. A run without baseline timing whose target is some row's draft measured that
+    draft's own accuracy: it fills those rows' ``draft_accuracy`` instead of being a row itself."""
     rows = [row for entry in scan_results(paths) for row in rows_from_file(entry)]
     if not rows:
         raise SpecdecError("no specdec results found: run lm_eval --model specdec ... --output_path DIR first")
-    return sorted(rows, key=lambda r: (r["target"], r["hardware"] or "", r["task"], -(r["tokens_per_second"] or 0), r["draft"]))
+    drafts = {row["draft"] for row in rows}
+    as_draft = [row for row in rows if row["target"] in drafts and row["speedup"] is None]
+    own = {(row["target"], row["task"]): row["accuracy"] for row in as_draft}
+    rows = [row for row in rows if row not in as_draft] or rows
+    for row in rows:
+        row["draft_accuracy"] = own.get((row["draft"], row["task"]))
+    return sorted(rows, key=lambda r: (r["target"], r["hardware"] or "", r["task"], -(r["speedup"] or 0),
+                                       -(r["tokens_per_second"] or 0), r["draft"]))
 
 
-def _cell(value):
+def _cell(key: str, value):
+    """``value`` rounded to what the measurement supports (for people: markdown and HTML)."""
     if isinstance(value, float):
-        return round(value, 3)
+        if key in DECIMALS:
+            return f"{value:.{DECIMALS[key]}f}"
+        return f"{value:.2f}" if abs(value) < 10 else f"{value:.1f}"
     return value
+
+
+def _groups(rows: list[dict]) -> dict[tuple, list[dict]]:
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        groups.setdefault((row["target"], row["hardware"] or "unknown hardware"), []).append(row)
+    return groups
+
+
+SHOWN = [(k, h) for k, h in COLUMNS if k not in GROUPED]
+CONVENTIONS = (
+    "Speedup is tokens/s over plain decoding of the same requests on the same kernels, timed in the same run. TAR is "
+    "tokens emitted per verification step, the target's own token included (the founding paper's TAR, vLLM's mean "
+    "acceptance length); accepted/step excludes that token; acceptance by position is accepted / drafted at draft "
+    "positions 0, 1, 2, ...; accuracy is the task's metric for the target (speculative decoding does not change "
+    "it), draft accuracy the same task run with the draft as the target; TAR p50 of requests is the median over "
+    "requests of each request's own TAR."
+)
+PLOTS = [("tokens_per_second_vs_draft_ms.png", "tokens/s against draft latency (the founding paper's Figure 8)"),
+         ("tar_vs_draft_accuracy.png", "TAR against the draft's own task accuracy (the founding paper's Figure 2)"),
+         ("acceptance_by_position.png", "acceptance by draft position")]
 
 
 def markdown(rows: list[dict], validation: bool = False) -> str:
     """The leaderboard page; ``validation``: link the ``zoo validate`` plot published beside it."""
     out = ["# specdraft-eval leaderboard", "",
            "Generated by `zoo leaderboard` from the results files beside it; do not edit by hand.", ""]
-    groups: dict[tuple, list[dict]] = {}
-    for row in rows:
-        groups.setdefault((row["target"], row["hardware"]), []).append(row)
-    for (target, hw), group in groups.items():
+    for (target, hw), group in _groups(rows).items():
         out += [f"## {target} on {hw}", "",
-                tabulate([[_cell(r[k]) for k, _ in COLUMNS if k not in ("target", "hardware")] for r in group],
-                         headers=[h for k, h in COLUMNS if k not in ("target", "hardware")], tablefmt="github",
-                         missingval="-"), ""]
-    out += ["Conventions: TAR is tokens emitted per verification step, the target's own token included (the "
-            "founding paper's TAR, vLLM's mean acceptance length); accepted/step excludes that token; acceptance "
-            "by position is accepted / drafted at draft positions 0, 1, 2, ...; TAR p50 of requests is the median "
-            "over requests of each request's own TAR.", "",
-            "![tokens/s against draft latency](tokens_per_second_vs_draft_ms.png)", "",
-            "![acceptance by draft position](acceptance_by_position.png)", "",
-            "![TAR against the draft's own task accuracy](tar_vs_draft_accuracy.png)", ""]
+                tabulate([[_cell(k, r[k]) for k, _ in SHOWN] for r in group], headers=[h for _, h in SHOWN],
+                         tablefmt="github", missingval="-", disable_numparse=True), ""]
+    out += ["Conventions: " + CONVENTIONS, ""] + [line for name, title in PLOTS for line in (f"![{title}]({name})", "")]
     if validation:
         out += ["## The analytical model, checked", "",
                 "Predicted tokens/s (latencies from a separate profile, measured TAR) against measured tokens/s, "
@@ -98,36 +129,41 @@ def markdown(rows: list[dict], validation: bool = False) -> str:
 
 
 def csv_text(rows: list[dict]) -> str:
+    """Every column, floats to 4 decimals (for scripts; the pages round for people)."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow([k for k, _ in COLUMNS] + ["metric"])
     for row in rows:
-        writer.writerow([_cell(row[k]) if row[k] is not None else "" for k, _ in COLUMNS] + [row["metric"] or ""])
+        writer.writerow([("" if row[k] is None else round(row[k], 4) if isinstance(row[k], float) else row[k])
+                         for k, _ in COLUMNS] + [row["metric"] or ""])
     return buffer.getvalue()
 
 
 HTML_HEAD = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>specdraft-eval leaderboard</title>
-<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}th,td{border:1px solid #ccc;
-padding:4px 8px;text-align:right}th{cursor:pointer;background:#f3f3f3}td.t{text-align:left}</style></head>
-<body><h1>specdraft-eval leaderboard</h1><p>Click a column header to sort.</p>
-<table id="board"><thead><tr>"""
-HTML_TAIL = """</tbody></table>
-<script>
-document.querySelectorAll('#board th').forEach(function (th, col) {
-  th.addEventListener('click', function () {
-    var body = document.querySelector('#board tbody');
-    var rows = Array.prototype.slice.call(body.rows);
-    var up = th.getAttribute('data-order') !== 'asc';
-    rows.sort(function (a, b) {
-      var x = a.cells[col].getAttribute('data-v'), y = b.cells[col].getAttribute('data-v');
-      var nx = parseFloat(x), ny = parseFloat(y);
-      var c = (!isNaN(nx) && !isNaN(ny)) ? nx - ny : x.localeCompare(y);
-      return up ? c : -c;
+<style>body{font-family:sans-serif;margin:1.5em;font-size:14px}table{border-collapse:collapse;margin-bottom:1em}
+th,td{border:1px solid #ccc;padding:3px 6px;text-align:right;white-space:nowrap}th{cursor:pointer;background:#f3f3f3}
+td.t{text-align:left}.wrap{overflow-x:auto}img{max-width:32%;margin-right:1%}p.note{max-width:70em;color:#444}</style>
+</head><body><h1>specdraft-eval leaderboard</h1>
+<p class="note">Click a column header to sort. """
+HTML_SCRIPT = """<script>
+document.querySelectorAll('table.board').forEach(function (table) {
+  var heads = table.querySelectorAll('th');
+  heads.forEach(function (th, col) {
+    th.addEventListener('click', function () {
+      var body = table.querySelector('tbody');
+      var rows = Array.prototype.slice.call(body.rows);
+      var up = th.getAttribute('data-order') !== 'asc';
+      rows.sort(function (a, b) {
+        var x = a.cells[col].getAttribute('data-v'), y = b.cells[col].getAttribute('data-v');
+        var nx = parseFloat(x), ny = parseFloat(y);
+        var c = (!isNaN(nx) && !isNaN(ny)) ? nx - ny : x.localeCompare(y);
+        return up ? c : -c;
+      });
+      heads.forEach(function (h) { h.removeAttribute('data-order'); });
+      th.setAttribute('data-order', up ? 'asc' : 'desc');
+      rows.forEach(function (r) { body.appendChild(r); });
     });
-    document.querySelectorAll('#board th').forEach(function (h) { h.removeAttribute('data-order'); });
-    th.setAttribute('data-order', up ? 'asc' : 'desc');
-    rows.forEach(function (r) { body.appendChild(r); });
   });
 });
 </script></body></html>
@@ -135,17 +171,23 @@ document.querySelectorAll('#board th').forEach(function (th, col) {
 
 
 def html_page(rows: list[dict]) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for _, h in COLUMNS)
-    body = []
-    for row in rows:
-        cells = []
-        for key, _ in COLUMNS:
-            value = _cell(row[key])
-            text = "-" if value is None else str(value)
-            css = ' class="t"' if isinstance(row[key], str) else ""
-            cells.append(f'<td{css} data-v="{html.escape(text)}">{html.escape(text)}</td>')
-        body.append("<tr>" + "".join(cells) + "</tr>")
-    return HTML_HEAD + head + "</tr></thead><tbody>\n" + "\n".join(body) + "\n" + HTML_TAIL
+    """One sortable table per target and hardware, the figures people compare first, then the plots."""
+    out = [HTML_HEAD + html.escape(CONVENTIONS) + "</p>"]
+    head = "".join(f"<th>{html.escape(h)}</th>" for _, h in SHOWN)
+    for (target, hw), group in _groups(rows).items():
+        body = []
+        for row in group:
+            cells = []
+            for key, _ in SHOWN:
+                text = "-" if row[key] is None else str(_cell(key, row[key]))
+                css = ' class="t"' if isinstance(row[key], str) else ""
+                cells.append(f'<td{css} data-v="{html.escape(text)}">{html.escape(text)}</td>')
+            body.append("<tr>" + "".join(cells) + "</tr>")
+        out += [f"<h2>{html.escape(target)} on {html.escape(hw)}</h2>",
+                f'<div class="wrap"><table class="board"><thead><tr>{head}</tr></thead><tbody>',
+                *body, "</tbody></table></div>"]
+    out += ["<h2>Plots</h2><p>"] + [f'<img src="{name}" alt="{html.escape(title)}">' for name, title in PLOTS] + ["</p>"]
+    return "\n".join(out) + "\n" + HTML_SCRIPT
 
 
 def _png(fig) -> bytes:
@@ -158,50 +200,93 @@ def _png(fig) -> bytes:
     return buffer.getvalue()
 
 
+def _configuration(row: dict) -> str:
+    """A plot key: the draft (shortened to its end) with its γ, e.g. ``prompt-lookup:3 γ4 dynamic``."""
+    draft = row["draft"] if len(row["draft"]) <= 36 else "…" + row["draft"][-35:]
+    return f"{draft} γ{row['gamma']}" + (" dynamic" if row["dynamic_gamma"] == "yes" else "")
+
+
 def plots(rows: list[dict]) -> dict[str, bytes]:
-    """The PNGs by file name: throughput against draft latency, TAR against accuracy, acceptance by position."""
+    """The PNGs by file name, for the target and hardware with the most rows: tokens/s against draft latency,
+    TAR against the draft's own accuracy, acceptance by position. A colour per draft, a marker per task, keys in
+    legends (no text at points)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    accuracy = {(r["target"], r["task"]): r["accuracy"] for r in rows}
-    targets = sorted({r["target"] for r in rows}, key=lambda t: (-sum(r["target"] == t for r in rows), t))
-    main = [r for r in rows if r["target"] == targets[0]]  # the target most results are for
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
+    groups = _groups(rows)
+    (target, hw), main = max(groups.items(), key=lambda item: (len(item[1]), item[0]))
+    drafts = sorted({_configuration(r) for r in main})
+    colour = {d: plt.get_cmap("tab10")(i % 10) for i, d in enumerate(drafts)}
+    tasks = sorted({r["task"] for r in main})
+    marker = {t: "osD^v<>"[i % 7] for i, t in enumerate(tasks)}
+
+    def figure():
+        fig, (ax, key) = plt.subplots(1, 2, figsize=(10, 4.8), dpi=100, gridspec_kw={"width_ratios": [2.6, 1]})
+        key.axis("off")
+        return fig, ax, key
+
+    def legends(key, shown: set[str]) -> None:
+        """Keys beside the plot: colour = draft and γ, marker = task."""
+        from matplotlib.lines import Line2D
+
+        first = key.legend(handles=[Line2D([], [], color=colour[d], marker="s", linestyle="", label=d)
+                                    for d in drafts if d in shown], title="draft and γ", fontsize=7,
+                           title_fontsize=8, loc="upper left", frameon=False)
+        key.add_artist(first)
+        key.legend(handles=[Line2D([], [], color="grey", marker=marker[t], linestyle="", label=t.removeprefix("specdec_"))
+                            for t in tasks], title="task", fontsize=7, title_fontsize=8, loc="lower left", frameon=False)
+
+    where = f"{target} on {hw}"
+    fig, ax, key = figure()
+    shown = set()
     for row in main:
         if row["draft_ms_per_token"] is not None and row["tokens_per_second"] is not None:
-            ax.scatter(row["draft_ms_per_token"], row["tokens_per_second"])
-            ax.annotate(f"{row['draft']} ({row['task'].removeprefix('specdec_')})",
-                        (row["draft_ms_per_token"], row["tokens_per_second"]), fontsize=6)
-    ax.set_xlabel("draft ms per token")
-    ax.set_ylabel("tokens/s")
-    ax.set_title(f"Throughput against draft latency: {targets[0]}")
+            ax.scatter(row["draft_ms_per_token"], row["tokens_per_second"], color=colour[_configuration(row)],
+                       marker=marker[row["task"]], s=40)
+            shown.add(_configuration(row))
+    for task in tasks:
+        plain = [r["baseline_tokens_per_second"] for r in main if r["task"] == task and r["baseline_tokens_per_second"]]
+        if plain:
+            ax.axhline(sorted(plain)[len(plain) // 2], color="grey", linestyle=":", linewidth=1)
+    ax.set_xscale("log")
+    ax.set_xlabel("draft latency (ms per drafted token, log scale)")
+    ax.set_ylabel("generated tokens per second")
+    ax.set_title(f"Throughput against draft latency (dotted: plain decoding)\n{where}", fontsize=9)
+    legends(key, shown)
     images = {"tokens_per_second_vs_draft_ms.png": _png(fig)}
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
-    known = [(accuracy[(r["draft"], r["task"])], r["tar"], r) for r in main
-             if (r["draft"], r["task"]) in accuracy and r["tar"] is not None]
-    for acc, tar, row in known:
-        ax.scatter(acc, tar)
-        ax.annotate(row["draft"], (acc, tar), fontsize=6)
-    if not known:
+
+    fig, ax, key = figure()
+    known = [r for r in main if r["draft_accuracy"] is not None and r["tar"] is not None]
+    for row in known:
+        ax.scatter(row["draft_accuracy"], row["tar"], color=colour[_configuration(row)], marker=marker[row["task"]], s=40)
+    if known:
+        legends(key, {_configuration(r) for r in known})
+        high = max(r["draft_accuracy"] for r in known)
+        ax.set_xlim(-0.02, max(0.25, high * 1.2))
+    else:
         ax.text(0.5, 0.5, "no draft accuracies known yet:\nevaluate a draft as a target to add it",
                 ha="center", va="center", transform=ax.transAxes)
-    ax.set_xlabel("draft's own task accuracy")
-    ax.set_ylabel("TAR")
-    ax.set_title(f"TAR against the draft's own accuracy: {targets[0]}")
+    ax.set_ylim(bottom=0.98)
+    ax.set_xlabel("draft's own task accuracy (fraction of documents; task metric)")
+    ax.set_ylabel("TAR (tokens per verification step)")
+    ax.set_title(f"TAR against the draft's own accuracy\n{where}", fontsize=9)
     images["tar_vs_draft_accuracy.png"] = _png(fig)
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
+
+    fig, ax, key = figure()
+    shown = set()
     for row in main:
         rates = row["acceptance_rate_per_position"]
         if rates:
-            ax.plot(range(len(rates)), rates, marker="o", label=f"{row['draft']} ({row['task'].removeprefix('specdec_')})")
+            ax.plot(range(len(rates)), rates, marker=marker[row["task"]], color=colour[_configuration(row)], linewidth=1)
+            shown.add(_configuration(row))
     ax.set_xlabel("draft position (0-based)")
     ax.set_ylabel("accepted / drafted at the position")
     ax.set_ylim(0, 1.05)
-    if ax.lines:
-        ax.legend(fontsize=6)
-    ax.set_title(f"Acceptance by draft position: {targets[0]}")
+    if shown:
+        legends(key, shown)
+    ax.set_title(f"Acceptance by draft position\n{where}", fontsize=9)
     images["acceptance_by_position.png"] = _png(fig)
     return images
 

@@ -18,12 +18,14 @@ from specdraft_eval import kernels
 from specdraft_eval.drafts.base import Drafter, Proposal
 from specdraft_eval.drafts.composite import SEPARATOR, CompositeDrafter
 from specdraft_eval.drafts.model import DRAFT_VOCAB_FILE, ModelDrafter
+from specdraft_eval.drafts.ngram import NGRAM_FILE
 from specdraft_eval.errors import SpecdecError
 
 ENTRY_POINT_GROUP = "specdraft_eval.drafts"
 _BUILTIN = {
     "prompt-lookup": "specdraft_eval.drafts.prompt_lookup:build",
     "layers": "specdraft_eval.drafts.layers:build",
+    "ngram": "specdraft_eval.drafts.ngram:build",
 }
 
 __all__ = ["Drafter", "Proposal", "ModelDrafter", "load_draft", "draft_kinds", "check_tokenizers"]
@@ -68,6 +70,8 @@ def load_draft(spec: str, target, tokenizer) -> Drafter:
         return CompositeDrafter([load_draft(part, target, tokenizer) for part in parts])
     kind, _, arg = spec.partition(":")
     kinds = draft_kinds()
+    if (Path(os.path.expanduser(spec)) / NGRAM_FILE).is_file():  # a `zoo ngram` directory named on its own
+        kind, arg = "ngram", spec
     if kind in kinds:
         return kinds[kind](arg or None, target, tokenizer)
     from specdraft_eval.targets import load_target

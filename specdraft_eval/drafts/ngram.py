@@ -1,0 +1,86 @@
+"""``ngram:DIR``: an n-gram model of the target's own continuations (built by ``zoo ngram``), no neural draft.
+
+Each step extends the sequence by the most frequent token that followed its last n tokens in the target's
+on-policy text, longest n first (``max_n`` down to ``min_n``), until no context matches. Drafting costs
+dictionary lookups; what it buys is the target's habits (phrases it repeats across documents), which
+prompt lookup cannot see because they are not in the prompt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from pathlib import Path
+
+from specdraft_eval.drafts.base import Proposal
+from specdraft_eval.errors import SpecdecError
+from specdraft_eval.sampling import Sampler
+
+NGRAM_FILE = "ngram.json"
+FORMAT = "specdraft-ngram/1"
+
+
+def vocab_fingerprint(tokenizer) -> str:
+    """A hash of the tokenizer's string -> id map, to refuse an n-gram draft built for another tokenizer."""
+    return hashlib.sha256(json.dumps(sorted(tokenizer.get_vocab().items())).encode()).hexdigest()[:16]
+
+
+def save_continuations(directory: Path, tokenizer, sequences: list[list[int]], meta: dict) -> None:
+    """Write ``ngram.json`` into ``directory`` (the caller makes the directory appear atomically)."""
+    data = {"format": FORMAT, "vocab": vocab_fingerprint(tokenizer), "meta": meta, "sequences": sequences}
+    (directory / NGRAM_FILE).write_text(json.dumps(data, separators=(",", ":")) + "\n")
+
+
+def load_continuations(directory: Path, tokenizer) -> list[list[int]]:
+    """The token sequences of an n-gram draft directory, after checking its format and tokenizer."""
+    path = directory / NGRAM_FILE
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise SpecdecError(f"{path} not found: build an n-gram draft with `zoo ngram TARGET --out {directory}`") from None
+    except (OSError, ValueError) as exc:
+        raise SpecdecError(f"cannot read n-gram draft {path} ({exc}): rebuild it with `zoo ngram`") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise SpecdecError(f"{path} is not a {FORMAT} file: rebuild it with `zoo ngram`")
+    if data.get("vocab") != vocab_fingerprint(tokenizer):
+        raise SpecdecError(f"n-gram draft {directory} was built with another tokenizer than the target's: "
+                           "rebuild it for this target with `zoo ngram TARGET`")
+    return data["sequences"]
+
+
+class NGramDrafter:
+    """Greedy chain over n-gram tables (context of ``min_n`` to ``max_n`` tokens -> most frequent next token)."""
+
+    def __init__(self, sequences: list[list[int]], max_n: int = 4, min_n: int = 1, name: str = "ngram") -> None:
+        self.max_n, self.min_n, self.name = max_n, min_n, name
+        counts: dict[tuple[int, ...], Counter] = {}
+        for seq in sequences:
+            for end in range(1, len(seq)):
+                for n in range(min_n, min(max_n, end) + 1):
+                    counts.setdefault(tuple(seq[end - n : end]), Counter())[seq[end]] += 1
+        # ties go to the smaller id, so the table does not depend on insertion order
+        self.table = {ctx: min(c.items(), key=lambda kv: (-kv[1], kv[0]))[0] for ctx, c in counts.items()}
+
+    def propose(self, tokens: list[int], num_tokens: int, sampler: Sampler) -> Proposal:
+        seq, drafted = list(tokens[-self.max_n :]), []
+        while len(drafted) < num_tokens:
+            for n in range(min(self.max_n, len(seq)), self.min_n - 1, -1):
+                token = self.table.get(tuple(seq[-n:]))
+                if token is not None:
+                    break
+            else:
+                break
+            drafted.append(token)
+            seq.append(token)
+        return Proposal(drafted)
+
+    def reset(self) -> None:
+        """Stateless between generations."""
+
+
+def build(arg: str | None, target, tokenizer) -> NGramDrafter:
+    """Entry point for ``ngram:DIR``."""
+    if not arg:
+        raise SpecdecError("ngram needs a directory: ngram:DIR, built by `zoo ngram TARGET --out DIR`")
+    return NGramDrafter(load_continuations(Path(arg), tokenizer), name=f"ngram:{arg}")

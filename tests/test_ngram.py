@@ -1,0 +1,78 @@
+"""The n-gram draft (`zoo ngram`, ``draft=ngram:DIR``): its tables, its file checks and the build command."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import run_cli, save_tiny, tiny_llama, word_tokenizer
+from specdraft_eval import SpecdecError
+from specdraft_eval.drafts import load_draft
+from specdraft_eval.drafts.ngram import NGRAM_FILE, NGramDrafter, load_continuations, save_continuations
+from specdraft_eval.sampling import Sampler
+
+GREEDY = Sampler(False, 1.0, 0, 1.0, None)
+
+
+def test_longest_context_wins_and_the_chain_stops_where_nothing_matches():
+    draft = NGramDrafter([[1, 2, 3, 4], [9, 2, 3, 7], [5, 2, 3, 7]], max_n=3, min_n=2)
+    assert draft.propose([8, 2, 3], 3, GREEDY).tokens == [7]  # (2, 3) -> 7 twice, 4 once; (3, 7) never continues
+    assert draft.propose([1, 2, 3], 3, GREEDY).tokens == [4]  # the 3-gram (1, 2, 3) -> 4 beats the 2-gram
+    assert draft.propose([1, 2], 2, GREEDY).tokens == [3, 4]  # (1, 2) -> 3, then (1, 2, 3) -> 4
+    assert draft.propose([6, 6], 4, GREEDY).tokens == []
+    assert draft.propose([1, 2], 1, GREEDY).tokens == [3]  # never more than asked for
+
+
+def test_ties_go_to_the_smaller_token_whatever_the_order():
+    assert NGramDrafter([[1, 2, 9], [1, 2, 5]], 2, 2).propose([1, 2], 1, GREEDY).tokens == [5]
+    assert NGramDrafter([[1, 2, 5], [1, 2, 9]], 2, 2).propose([1, 2], 1, GREEDY).tokens == [5]
+
+
+@pytest.fixture()
+def tokenizer():
+    return word_tokenizer(["a", "b", "c"])
+
+
+def test_saved_draft_loads_by_kind_and_by_directory(tmp_path, tokenizer):
+    save_continuations(tmp_path, tokenizer, [[3, 4, 5, 3, 4, 6]], {"source": "x"})
+    for spec in (f"ngram:{tmp_path}", str(tmp_path)):
+        draft = load_draft(spec, tiny_llama(), tokenizer)
+        assert draft.propose([3, 4], 2, GREEDY).tokens == [5, 3]
+
+
+@pytest.mark.parametrize("problem,message", [
+    ("missing", "build an n-gram draft with `zoo ngram"),
+    ("not json", "cannot read n-gram draft"),
+    ("other format", "is not a specdraft-ngram/1 file"),
+    ("other tokenizer", "built with another tokenizer"),
+])
+def test_unusable_draft_directories_are_one_line_errors(tmp_path, tokenizer, problem, message):
+    if problem != "missing":
+        save_continuations(tmp_path, word_tokenizer(["x", "y"]) if problem == "other tokenizer" else tokenizer, [[1, 2]], {})
+    if problem == "not json":
+        (tmp_path / NGRAM_FILE).write_text('{"format": ')
+    elif problem == "other format":
+        (tmp_path / NGRAM_FILE).write_text(json.dumps({"format": "something"}))
+    with pytest.raises(SpecdecError, match=message) as info:
+        load_continuations(tmp_path, tokenizer)
+    assert "\n" not in str(info.value)
+
+
+def test_zoo_ngram_builds_a_draft_from_the_targets_own_continuations(tmp_path):
+    model = save_tiny(tmp_path / "tiny")
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("w1 w2 w3\n\nw4 w5\n\nw6\n")
+    out = tmp_path / "draft"
+    done = run_cli("zoo", "ngram", str(model), "--out", str(out), "--prompts", str(prompts), "--new-tokens", "12", "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["prompts"] == 3 and 3 <= report["tokens"] <= 36 and report["draft"] == f"ngram:{out}"
+    sequences = json.loads((out / NGRAM_FILE).read_text())["sequences"]
+    assert len(sequences) == 3 and all(1 <= len(s) <= 12 for s in sequences)
+    again = run_cli("zoo", "ngram", str(model), "--out", str(out), "--prompts", str(prompts))
+    assert again.returncode == 1 and again.stderr.strip().startswith("zoo: error:") and "exists" in again.stderr
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    done = run_cli("zoo", "ngram", str(model), "--out", str(tmp_path / "d2"), "--prompts", str(empty))
+    assert done.returncode == 1 and "has no prompts" in done.stderr and not (tmp_path / "d2").exists()

@@ -1,0 +1,76 @@
+"""``zoo ngram``: an n-gram draft built from the target's own greedy continuations (on-policy text).
+
+The target continues held-in prompts (by default the bundled tasks' documents that ``lm_eval --limit``
+does not reach: HumanEval[40:] and MMLU-CoT[80:]); the continuations, as token ids, are the draft
+(:mod:`specdraft_eval.drafts.ngram`). Generation runs batched with left padding, so the build takes a
+few minutes on a CPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from specdraft_eval.drafts.ngram import save_continuations
+from specdraft_eval.errors import SpecdecError
+from specdraft_eval.offline_data import task_prompts
+from specdraft_eval.record import atomic_output
+from zoo.prune import HELD_OUT
+
+DEFAULT_PROMPTS = "default"
+
+
+def ngram_prompts(spec: str | None) -> list[str]:
+    """Prompts to continue: the default held-in split, one bundled task's held-in split, or a file of prompts
+    separated by blank lines."""
+    if spec in (None, DEFAULT_PROMPTS):
+        return [p for task, start in HELD_OUT.items() for p in task_prompts(task)[start:]]
+    if spec in HELD_OUT:
+        return task_prompts(spec)[HELD_OUT[spec]:]
+    try:
+        text = Path(spec).read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise SpecdecError(f"cannot read prompts {spec}: {exc.strerror or exc}; give a bundled task "
+                           f"({', '.join(HELD_OUT)}) or a text file with prompts separated by blank lines") from None
+    prompts = [p.strip() for p in text.split("\n\n") if p.strip()]
+    if not prompts:
+        raise SpecdecError(f"prompt file {spec} has no prompts: separate prompts by blank lines")
+    return prompts
+
+
+@torch.inference_mode()
+def continuations(target, tokenizer, prompts: list[str], new_tokens: int, batch_size: int = 8,
+                  on_batch: Callable[[int], None] | None = None) -> list[list[int]]:
+    """The target's greedy continuation (token ids, up to EOS) of each prompt, ``batch_size`` prompts at a time."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    eos = target.generation_config.eos_token_id
+    eos = {eos} if isinstance(eos, int) else set(eos or [])
+    out: list[list[int]] = []
+    for start in range(0, len(prompts), batch_size):
+        rows = [tokenizer(p).input_ids[-1024:] for p in prompts[start : start + batch_size]]
+        width = max(map(len, rows))
+        ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
+        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+        generated = target.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
+                                    pad_token_id=pad)[:, width:].tolist()
+        for row in generated:
+            end = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
+            out.append(row[:end])
+        if on_batch:
+            on_batch(len(rows))
+    return out
+
+
+def build(target, tokenizer, target_name: str, prompts: list[str], new_tokens: int, out: Path,
+          on_batch: Callable[[int], None] | None = None) -> dict:
+    """Generate the continuations and write the draft directory atomically; return its metadata."""
+    if new_tokens < 1:
+        raise SpecdecError(f"--new-tokens {new_tokens} must be >= 1")
+    sequences = continuations(target, tokenizer, prompts, new_tokens, on_batch=on_batch)
+    meta = {"source": target_name, "prompts": len(prompts), "new_tokens": new_tokens,
+            "tokens": sum(map(len, sequences))}
+    with atomic_output(out, directory=True) as tmp:
+        save_continuations(tmp, tokenizer, sequences, meta)
+    return meta
