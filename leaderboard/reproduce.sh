@@ -1,24 +1,33 @@
 #!/usr/bin/env bash
 # Rebuild the published leaderboard for smollm2-135m-instruct on this machine's CPU: build the drafts, run
-# lm_eval --model specdec for each on both offline tasks (greedy, baseline timing on, the tasks' own 256-token
-# budgets, the first LIMIT documents: held out from every draft's build data), then the drafts' own accuracy,
-# then regenerate the pages. About 40 minutes on 2 cores with LIMIT=8.
+# lm_eval --model specdec for each configuration on both offline tasks (greedy, baseline timing on, the tasks'
+# own 256-token budgets, the first HE_LIMIT HumanEval and MMLU_LIMIT MMLU-CoT documents: held out from every
+# draft's build data), the distilled draft's own accuracy, then regenerate the pages.
+# Usage: leaderboard/reproduce.sh [NAME ...]   (default: every configuration; about 45 minutes on 2 cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=.venv/bin
 drafts=leaderboard/drafts
-LIMIT=${LIMIT:-8}
-[ -d $drafts/smollm2-5l-distilled ] || $bin/zoo prune smollm2-135m-instruct --layers 5 --distill-tokens 65536 --out $drafts/smollm2-5l-distilled
-[ -d $drafts/smollm2-ngram ] || $bin/zoo ngram smollm2-135m-instruct --out $drafts/smollm2-ngram
-run() {  # OUT_NAME MODEL_ARGS
-  $bin/lm_eval --model specdec --model_args "$2" --include_path tasks --tasks specdec_humaneval specdec_mmlu_cot \
-    --limit "$LIMIT" --confirm_run_unsafe_code --output_path "leaderboard/results/$1"
-}
+HE_LIMIT=${HE_LIMIT:-20}; MMLU_LIMIT=${MMLU_LIMIT:-8}
 target=pretrained=smollm2-135m-instruct,baseline=true
-run auto "$target,draft=auto"
-run prompt-lookup "$target,draft=prompt-lookup,num_draft_tokens=4"
-run ngram "$target,draft=ngram:$drafts/smollm2-ngram,dynamic_gamma=true"
-run layers_0-4 "$target,draft=layers:0-4,dynamic_gamma=true"
-run smollm2-5l-distilled "$target,draft=$drafts/smollm2-5l-distilled,dynamic_gamma=true"
-run as-target_smollm2-5l-distilled "pretrained=$drafts/smollm2-5l-distilled,draft=prompt-lookup"  # its accuracy
+declare -A configs=(
+  [prompt-lookup]="$target,draft=prompt-lookup,num_draft_tokens=4"
+  [prompt-lookup-dynamic]="$target,draft=prompt-lookup,dynamic_gamma=true"
+  [prompt-lookup_ngram]="$target,draft=prompt-lookup:2-3|$drafts/smollm2-ngram,dynamic_gamma=true"
+  [layers_0-4]="$target,draft=layers:0-4,dynamic_gamma=true"
+  [smollm2-5l-distilled]="$target,draft=$drafts/smollm2-5l-distilled,dynamic_gamma=true"
+  [as-target_smollm2-5l-distilled]="pretrained=$drafts/smollm2-5l-distilled,draft=prompt-lookup"  # its accuracy
+  [auto]="$target,draft=auto"  # last: resolves from the runs above
+)
+order=(prompt-lookup prompt-lookup-dynamic prompt-lookup_ngram layers_0-4 smollm2-5l-distilled
+       as-target_smollm2-5l-distilled auto)
+[ -d $drafts/smollm2-5l-distilled ] || $bin/zoo prune smollm2-135m-instruct --layers 5 --distill-tokens 65536 --out $drafts/smollm2-5l-distilled
+[ -d $drafts/smollm2-ngram ] || $bin/zoo ngram smollm2-135m-instruct --out $drafts/smollm2-ngram  # shipped in git
+for name in "${@:-${order[@]}}"; do
+  [ -n "${configs[$name]:-}" ] || { echo "reproduce.sh: unknown configuration $name: use one of ${order[*]}" >&2; exit 2; }
+  for task in specdec_humaneval:$HE_LIMIT specdec_mmlu_cot:$MMLU_LIMIT; do
+    $bin/lm_eval --model specdec --model_args "${configs[$name]}" --include_path tasks --tasks "${task%%:*}" \
+      --limit "${task##*:}" --confirm_run_unsafe_code --output_path "leaderboard/results/$name/${task%%:*}"
+  done
+done
 $bin/zoo leaderboard leaderboard/results --out leaderboard

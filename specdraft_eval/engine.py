@@ -218,3 +218,19 @@ def autoregressive_generate(
     stats.baseline_seconds = clock(device) - decode_start
     stats.baseline_tokens = len(new)
     return new, stats
+
+
+@torch.inference_mode()
+def divergence(target, prompt: list[int], specdec: list[int], baseline: list[int]) -> dict | None:
+    """Where two greedy decodings of ``prompt`` first differ, and by how much the target's logits there
+    (one fresh forward pass over the common prefix) prefer the baseline's token over the speculative one:
+    a margin near 0 is a near-tie that reduced precision can flip, a large one points at a bug."""
+    index = next((i for i, (a, b) in enumerate(zip(specdec, baseline)) if a != b), min(len(specdec), len(baseline)))
+    if index == len(baseline) or index == len(specdec):
+        return None if index == len(baseline) else {"index": index, "specdec_token": None,
+                                                     "baseline_token": baseline[index], "logit_margin": None}
+    ids = torch.tensor([prompt + baseline[:index]], device=target.device)
+    logits = target(ids).logits[0, -1].float()  # [vocab]
+    return {"index": index, "specdec_token": specdec[index], "baseline_token": baseline[index],
+            "logit_margin": round(float(logits[baseline[index]] - logits[specdec[index]]), 6)}
+

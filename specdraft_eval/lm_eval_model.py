@@ -7,7 +7,9 @@ lm-eval's own ``HFLM``; only ``_model_generate`` is replaced, row by row, by the
 from __future__ import annotations
 
 import logging
+import signal
 import sys
+import threading
 from collections import defaultdict
 
 import torch
@@ -16,8 +18,8 @@ from lm_eval.models.huggingface import HFLM
 
 from specdraft_eval import kernels as kernel_paths
 from specdraft_eval.drafts import load_draft
-from specdraft_eval.engine import autoregressive_generate, speculative_generate
-from specdraft_eval.errors import SpecdecError, one_line
+from specdraft_eval.engine import autoregressive_generate, divergence, speculative_generate
+from specdraft_eval.errors import SpecdecError, Terminated, one_line
 from specdraft_eval.gamma import GammaController
 from specdraft_eval.recommend import recommend
 from specdraft_eval.record import (
@@ -36,14 +38,21 @@ GENERATION_KEYS = {"do_sample", "temperature", "top_k", "top_p"}
 
 
 def _excepthook(exc_type, exc, tb, _previous=sys.excepthook) -> None:
-    """Uncaught SpecdecError: one line on stderr, exit code 1, no traceback."""
+    """Uncaught SpecdecError: one line on stderr, exit code 1, no traceback; Ctrl-C or SIGTERM: one line too
+    (lm-eval writes its results file only at the end, so an interrupted run leaves none)."""
     if issubclass(exc_type, SpecdecError):
         print(one_line(exc), file=sys.stderr)
+    elif issubclass(exc_type, KeyboardInterrupt):
+        print("specdec: interrupted; no results file was written: rerun the command", file=sys.stderr)
     else:
         _previous(exc_type, exc, tb)
 
 
 sys.excepthook = _excepthook
+
+
+def _terminated(signum, frame) -> None:
+    raise Terminated()
 
 
 def _as_bool(name: str, value) -> bool:
@@ -87,6 +96,8 @@ class SpecDecLM(HFLM):
         kernels: str = kernel_paths.DEFAULT,
         **kwargs,
     ) -> None:
+        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _terminated)  # unwind like Ctrl-C, through every finally
         self.baseline = _as_bool("baseline", baseline)
         self.seed = None if seed is None else int(seed)
         kernel_paths.check(kernels)
@@ -108,7 +119,13 @@ class SpecDecLM(HFLM):
             pretrained = source.path
             if source.gguf_file:
                 kwargs["gguf_file"] = source.gguf_file
-        super().__init__(pretrained=pretrained, device=device, **kwargs)
+        try:
+            super().__init__(pretrained=pretrained, device=device, **kwargs)
+        except TypeError as exc:  # a model_arg neither we, lm-eval's hf model nor from_pretrained take
+            if "unexpected keyword argument" not in str(exc):
+                raise
+            raise SpecdecError(f"model_args: {str(exc).split(': ', 1)[-1].strip()}: specdec takes draft, num_draft_tokens, "
+                               "dynamic_gamma, baseline, seed, kernels and what --model hf takes") from None
         kernel_paths.apply(self.model, kernels)  # before the draft, so that a layer view shares the packed layers
         self.draft_name = draft
         self._drafter = load_draft(draft, self.model, self.tokenizer)
@@ -117,6 +134,7 @@ class SpecDecLM(HFLM):
         self._gamma_controller = (GammaController.around(self.num_draft_tokens)
                                   if self.dynamic_gamma else None)
         self._baseline_mismatches = 0
+        self._mismatch_details: list[dict] = []
         self._task = "default"
 
     # --- generation ------------------------------------------------------------------------------
@@ -174,7 +192,9 @@ class SpecDecLM(HFLM):
                 # a speculative step may run a few tokens past a stop sequence; lm-eval cuts both there
                 if not do_sample and new[: len(reference)] != reference:
                     self._baseline_mismatches += 1
-                    log.error("specdec output differs from plain greedy decoding on a %s request", self._task)
+                    where = divergence(self.model, ids.tolist(), new, reference)
+                    self._mismatch_details.append({"task": self._task, **(where or {})})
+                    log.error("specdec output differs from plain greedy decoding on a %s request: %s", self._task, where)
             self._stats[self._task] += stats
             rows.append(context[row].tolist() + new)
         width = max(len(r) for r in rows)
@@ -215,6 +235,7 @@ class SpecDecLM(HFLM):
             self._baseline_mismatches,
             getattr(self._drafter, "model", None),
             profile_latencies(profile, self._drafter.name),
+            self._mismatch_details,
         ).to_block()
 
     def get_model_info(self) -> dict:

@@ -21,7 +21,7 @@ from specdraft_eval.drafts.composite import SEPARATOR
 from specdraft_eval.record import RecordWarning, scan_results
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_RESULTS = [REPO / "leaderboard" / "results", REPO / "leaderboard" / "results-auto"]
+DEFAULT_RESULTS = [REPO / "leaderboard" / "results"]
 FALLBACK = {"draft": "prompt-lookup", "num_draft_tokens": 4, "dynamic_gamma": True}
 
 
@@ -38,18 +38,30 @@ class Recommendation:
     candidates: list[dict] = field(default_factory=list)
 
 
-def _loadable(draft: str) -> bool:
-    """Whether every part of ``draft`` is a built-in kind or a path that exists (from here or the repo)."""
+def _part_path(part: str, kinds) -> Path | None:
+    """The file or folder a draft part needs: a model path, or an ``ngram:DIR``'s directory; None for built-ins."""
+    kind, _, arg = part.partition(":")
+    if kind == "ngram":
+        return Path(os.path.expanduser(arg))
+    return None if kind in kinds else Path(os.path.expanduser(part))
+
+
+def _localised(draft: str) -> str | None:
+    """``draft`` with relative paths that exist only under the repository made absolute; None if a part
+    is missing (neither a built-in kind, an alias, nor an existing path from here or from the repository)."""
     from specdraft_eval.drafts import draft_kinds
     from specdraft_eval.targets import ALIASES
 
-    kinds = draft_kinds()
+    kinds, parts = draft_kinds(), []
     for part in draft.split(SEPARATOR):
-        kind = part.split(":", 1)[0]
-        path = Path(os.path.expanduser(part))
-        if kind not in kinds and part not in ALIASES and not path.exists() and not (REPO / path).exists():
-            return False
-    return True
+        path = _part_path(part, kinds)
+        if path is None or part in ALIASES or path.exists():
+            parts.append(part)
+        elif not path.is_absolute() and (REPO / path).exists():
+            parts.append(part.replace(str(path), str(REPO / path), 1))
+        else:
+            return None
+    return SEPARATOR.join(parts)
 
 
 def candidates(target: str, results: list[Path]) -> list[dict]:
@@ -71,7 +83,7 @@ def candidates(target: str, results: list[Path]) -> list[dict]:
             summary = stats.summary()
             if summary["speedup"]:
                 entry["speedup"][task], entry["tar"][task] = summary["speedup"], summary["tar"]
-    return [dict(c, loadable=_loadable(c["draft"])) for c in merged.values() if c["speedup"]]
+    return [dict(c, loadable=_localised(c["draft"]) is not None) for c in merged.values() if c["speedup"]]
 
 
 def _score(candidate: dict, task: str | None) -> float | None:
@@ -100,4 +112,5 @@ def recommend(target: str, task: str | None = None, results: list[Path] | None =
     reason = (f"fastest measured: {best['score']:.2f}x plain decoding ({where}) on {best['hardware']}"
               + (f", not this machine ({hardware}): no measurement from here" if elsewhere else "")
               + f", from {len(best['files'])} results file(s)")
-    return Recommendation(target, task, best["draft"], best["num_draft_tokens"], best["dynamic_gamma"], reason, scored)
+    return Recommendation(target, task, _localised(best["draft"]), best["num_draft_tokens"], best["dynamic_gamma"],
+                          reason, scored)

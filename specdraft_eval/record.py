@@ -29,7 +29,9 @@ from specdraft_eval.errors import SpecdecError
 from specdraft_eval.stats import GenerationStats
 
 SCHEMA_VERSION = 2
+MAX_MISMATCH_DETAILS = 100  # baseline mismatches described in a record (all of them are counted)
 PROFILE_SCHEMA_VERSION = 2
+MAX_MISMATCH_DETAILS = 100  # baseline mismatches described in a record (all of them are counted)
 """2: latencies measured as the engine runs (growing cache, the engine's clock), t_verify_ms keyed by the
 number of draft tokens k (0: an autoregressive step), with spreads; 1 (timed on a fixed cache) is re-measured."""
 COUNTER_FIELDS = {f.name for f in fields(GenerationStats)}
@@ -159,16 +161,19 @@ class SpecdecRecord:
     baseline_mismatches: int = 0
     per_task: dict[str, GenerationStats] = field(default_factory=dict)
     latencies: dict | None = None  # separately measured (a profile): what predicted_tokens_per_second uses
+    # per mismatch (at most MAX_MISMATCH_DETAILS): task, first differing token index, both tokens, logit margin
+    baseline_mismatch_details: list[dict] = field(default_factory=list)
 
     @classmethod
     def new(cls, target: str, draft: str, num_draft_tokens: int, dynamic_gamma: bool, device,
             per_task: dict[str, GenerationStats], baseline_mismatches: int = 0, draft_model=None,
-            latencies: dict | None = None) -> "SpecdecRecord":
+            latencies: dict | None = None, baseline_mismatch_details: list[dict] | None = None) -> "SpecdecRecord":
         """A record of a run on ``device`` now (hardware name and package versions filled in)."""
         facts = model_facts(draft_model)
         return cls(target, draft, num_draft_tokens, dynamic_gamma, hardware(device),
                    {p: _version(p) for p in ("specdraft-eval", "lm-eval", "torch", "transformers")},
-                   facts["parameters_m"], facts["layers"], baseline_mismatches, dict(per_task), latencies)
+                   facts["parameters_m"], facts["layers"], baseline_mismatches, dict(per_task), latencies,
+                   list(baseline_mismatch_details or [])[:MAX_MISMATCH_DETAILS])
 
     @property
     def total(self) -> GenerationStats:
@@ -184,7 +189,9 @@ class SpecdecRecord:
             raise SpecdecError(f"cannot merge records of different runs: {self.key()} and {other.key()}")
         tasks = sorted(set(self.per_task) | set(other.per_task))
         per_task = {t: self.per_task.get(t, GenerationStats()) + other.per_task.get(t, GenerationStats()) for t in tasks}
-        return replace(self, per_task=per_task, baseline_mismatches=self.baseline_mismatches + other.baseline_mismatches)
+        details = (self.baseline_mismatch_details + other.baseline_mismatch_details)[:MAX_MISMATCH_DETAILS]
+        return replace(self, per_task=per_task, baseline_mismatches=self.baseline_mismatches + other.baseline_mismatches,
+                       baseline_mismatch_details=details)
 
     def to_block(self) -> dict:
         """The ``config.specdec`` block of a results file."""
@@ -208,6 +215,7 @@ class SpecdecRecord:
             "predicted_tokens_per_second": predicted(total),
             "latencies": self.latencies,
             "baseline_mismatches": self.baseline_mismatches,
+            "baseline_mismatch_details": self.baseline_mismatch_details,
             "counters": total.as_dict(),
             "per_task": {task: {"generations": s.generations, **s.summary(),
                                 "predicted_tokens_per_second": predicted(s), "counters": s.as_dict()}
@@ -227,7 +235,7 @@ class SpecdecRecord:
                        bool(block.get("dynamic_gamma", False)), block.get("hardware") or "",
                        block.get("versions") or {}, block.get("draft_parameters_m") or 0.0,
                        block.get("draft_layers") or 0, int(block.get("baseline_mismatches", 0)), per_task,
-                       block.get("latencies"))
+                       block.get("latencies"), list(block.get("baseline_mismatch_details") or []))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise RecordError(f"{path}: malformed specdec record ({type(exc).__name__}: {exc}); "
                               "regenerate or remove it") from None

@@ -101,8 +101,14 @@ def _convert_gguf(source: ModelSource, target: Path) -> None:
     """Dequantize a GGUF into ``target`` atomically (transformers refuses ``save_pretrained`` on it)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    loaded = AutoModelForCausalLM.from_pretrained(source.path, gguf_file=source.gguf_file)
-    tokenizer = AutoTokenizer.from_pretrained(source.path, gguf_file=source.gguf_file)
+    try:
+        loaded = AutoModelForCausalLM.from_pretrained(source.path, gguf_file=source.gguf_file)
+        tokenizer = AutoTokenizer.from_pretrained(source.path, gguf_file=source.gguf_file)
+    except Exception as exc:  # noqa: BLE001 - corrupt, truncated or unsupported GGUF
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise SpecdecError(f"cannot read GGUF file {os.path.join(source.path, source.gguf_file)}: "
+                           f"{type(exc).__name__}: {first} (the file is corrupt, truncated or not a supported GGUF "
+                           "model: download it again)") from None
     config = loaded.config
     if hasattr(config, "quantization_config"):  # the GGUF's; the saved weights are plain float32
         del config.quantization_config
@@ -116,6 +122,13 @@ def _convert_gguf(source: ModelSource, target: Path) -> None:
     except OSError:
         if not (target / "config.json").is_file():  # another process may have won the race
             raise
+
+
+def _damaged(exc: Exception) -> bool:
+    """Whether a loading error says the files are there but broken (not missing)."""
+    text = f"{type(exc).__name__} {exc}".lower()
+    return any(word in text for word in ("safetensor", "deserializ", "header", "truncat", "corrupt", "gguf", "unpack",
+                                         "magic", "eof"))
 
 
 def load_target(name: str, device: str = "cpu", dtype: str = "float32", kernels: str = "plain"):
@@ -133,10 +146,9 @@ def load_target(name: str, device: str = "cpu", dtype: str = "float32", kernels:
     try:
         tokenizer = AutoTokenizer.from_pretrained(source.path, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(source.path, dtype=getattr(torch, dtype), **kwargs)
-    except (OSError, ValueError) as exc:
+    except Exception as exc:  # noqa: BLE001 - a file we did not write: corrupt, truncated, missing or foreign
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise SpecdecError(
-            f"cannot load model {name!r}: {first} (offline? run `zoo pull {name}` with network first, "
-            "or check the name)"
-        ) from exc
+        hint = ("the weights are corrupt or truncated: download or rebuild them" if _damaged(exc) else
+                f"offline? run `zoo pull {name}` with network first, or check the name")
+        raise SpecdecError(f"cannot load model {name!r}: {type(exc).__name__}: {first} ({hint})") from exc
     return kernel_paths.apply(model.to(device).eval(), kernels), tokenizer

@@ -82,6 +82,10 @@ def test_registry_has_builtin_kinds_via_entry_points():
 def test_load_draft_kinds(tiny_dir):
     model, tok = load_target(str(tiny_dir))
     assert load_draft("prompt-lookup:2", model, tok).name == "prompt-lookup:2"
+    lookup = load_draft("prompt-lookup:2-3", model, tok)
+    assert (lookup.name, lookup.min_ngram, lookup.max_ngram) == ("prompt-lookup:2-3", 2, 3)
+    assert lookup.propose([5, 6, 7, 9, 7], 2, None).tokens == []  # only a 1-gram (7) matches
+    assert lookup.propose([5, 6, 7, 9, 6, 7], 2, None).tokens == [9, 6]
     assert load_draft("layers:0,2", model, tok).name == "layers:0,2"
     composite = load_draft(f"prompt-lookup | {tiny_dir}", model, tok)
     assert composite.name == f"prompt-lookup:3|{tiny_dir}" and composite.model is composite.parts[1].model
@@ -95,7 +99,9 @@ def test_load_draft_kinds(tiny_dir):
     [
         ("", "empty draft"),
         ("prompt-lookup:x", "bad prompt-lookup size"),
-        ("prompt-lookup:0", "n-gram size must be >= 1"),
+        ("prompt-lookup:0", "n-gram sizes must satisfy 1 <= MIN <= N"),
+        ("prompt-lookup:3-2", "n-gram sizes must satisfy 1 <= MIN <= N"),
+        ("prompt-lookup:a-2", "bad prompt-lookup size"),
         ("layers:", "layers needs a list"),
         ("layers:0,9", "out of range"),
         ("no-such-draft", "unknown model 'no-such-draft'"),

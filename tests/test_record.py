@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from conftest import run_cli, save_tiny, tiny_llama
-from specdraft_eval import speculative_generate
+from specdraft_eval import autoregressive_generate, speculative_generate
+from specdraft_eval.engine import divergence
 from specdraft_eval.drafts.prompt_lookup import PromptLookupDrafter
 from specdraft_eval.record import RecordError, SpecdecRecord, atomic_write, read_profile, read_results
 from specdraft_eval.stats import GenerationStats
@@ -86,6 +87,30 @@ def test_record_round_trips_and_merges(target):
     assert both.to_block()["tar"] == pytest.approx(block["tar"])
     with pytest.raises(Exception, match="different runs"):
         record.merge(SpecdecRecord.new("t", "other", 4, False, "cpu", per_task))
+
+
+def test_a_baseline_mismatch_is_described_where_it_happened(target):
+    """Numerical drift is traceable: the first differing token and the target's logit margin there."""
+    prompt = [5, 9, 2, 7, 1]
+    baseline, _ = autoregressive_generate(target, prompt, 12)
+    with torch.inference_mode():
+        logits = target(torch.tensor([prompt + baseline[:4]])).logits[0, -1]
+    runner_up = int(logits.topk(2).indices[1])
+    specdec = baseline[:4] + [runner_up] + baseline[5:]
+    where = divergence(target, prompt, specdec, baseline)
+    assert where["index"] == 4 and where["specdec_token"] == runner_up and where["baseline_token"] == baseline[4]
+    assert where["logit_margin"] == pytest.approx(float(logits[baseline[4]] - logits[runner_up]), abs=1e-4)
+    assert where["logit_margin"] > 0  # the baseline's greedy token is the argmax
+    assert divergence(target, prompt, baseline + [3], baseline) is None  # ran past the end only: no divergence
+    record = SpecdecRecord.new("t", "d", 4, False, "cpu", {"a": GenerationStats()}, baseline_mismatches=1,
+                               baseline_mismatch_details=[{"task": "a", **where}])
+    block = json.loads(json.dumps(record.to_block()))
+    assert block["baseline_mismatch_details"] == [{"task": "a", **where}]
+    again = SpecdecRecord.from_block(block)
+    assert again.merge(again).baseline_mismatch_details == [{"task": "a", **where}] * 2
+    old = dict(block)
+    del old["baseline_mismatch_details"]  # files written before the details existed
+    assert SpecdecRecord.from_block(old).baseline_mismatch_details == []
 
 
 def test_tar_estimate_at_smaller_gamma_from_the_histogram():

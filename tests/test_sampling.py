@@ -70,6 +70,7 @@ SETTINGS = [
     {"temperature": 1.0},
     {"temperature": 0.7, "top_k": 5},
     {"temperature": 1.3, "top_p": 0.8},
+    {"temperature": 0.9, "top_k": 6, "top_p": 0.9},
 ]
 
 

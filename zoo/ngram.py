@@ -9,6 +9,7 @@ few minutes on a CPU.
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import zip_longest
 from pathlib import Path
 
 import torch
@@ -22,11 +23,18 @@ from zoo.prune import HELD_OUT
 DEFAULT_PROMPTS = "default"
 
 
-def ngram_prompts(spec: str | None) -> list[str]:
-    """Prompts to continue: the default held-in split, one bundled task's held-in split, or a file of prompts
-    separated by blank lines."""
+def ngram_prompts(spec: str | None, most: int | None = None) -> list[str]:
+    """Prompts to continue: the default held-in split (the tasks' held-in documents taken in turn), one bundled
+    task's held-in split, or a file of prompts separated by blank lines; the first ``most`` of them."""
+    if most is not None and most < 1:
+        raise SpecdecError(f"--max-prompts {most} must be >= 1")
+    return _prompts(spec)[:most]
+
+
+def _prompts(spec: str | None) -> list[str]:
     if spec in (None, DEFAULT_PROMPTS):
-        return [p for task, start in HELD_OUT.items() for p in task_prompts(task)[start:]]
+        splits = [task_prompts(task)[start:] for task, start in HELD_OUT.items()]
+        return [p for group in zip_longest(*splits) for p in group if p is not None]
     if spec in HELD_OUT:
         return task_prompts(spec)[HELD_OUT[spec]:]
     try:
@@ -41,15 +49,16 @@ def ngram_prompts(spec: str | None) -> list[str]:
 
 
 @torch.inference_mode()
-def continuations(target, tokenizer, prompts: list[str], new_tokens: int, batch_size: int = 8,
+def continuations(target, tokenizer, prompts: list[str], new_tokens: int, batch_size: int = 16,
                   on_batch: Callable[[int], None] | None = None) -> list[list[int]]:
-    """The target's greedy continuation (token ids, up to EOS) of each prompt, ``batch_size`` prompts at a time."""
+    """The target's greedy continuation (token ids, up to EOS) of each prompt (its last 512 tokens, which keeps
+    prefill short on a CPU), ``batch_size`` prompts at a time."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     eos = target.generation_config.eos_token_id
     eos = {eos} if isinstance(eos, int) else set(eos or [])
     out: list[list[int]] = []
     for start in range(0, len(prompts), batch_size):
-        rows = [tokenizer(p).input_ids[-1024:] for p in prompts[start : start + batch_size]]
+        rows = [tokenizer(p).input_ids[-512:] for p in prompts[start : start + batch_size]]
         width = max(map(len, rows))
         ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
         mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])

@@ -17,9 +17,10 @@ class PromptLookupDrafter:
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
         if not 1 <= min_ngram <= max_ngram:
-            raise SpecdecError(f"prompt-lookup n-gram size must be >= 1 (got {max_ngram}); e.g. prompt-lookup:3")
+            raise SpecdecError(f"prompt-lookup n-gram sizes must satisfy 1 <= MIN <= N (got {min_ngram}-{max_ngram}); "
+                               "e.g. prompt-lookup:3 or prompt-lookup:2-3")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
-        self.name = f"prompt-lookup:{max_ngram}"
+        self.name = f"prompt-lookup:{max_ngram}" if min_ngram == 1 else f"prompt-lookup:{min_ngram}-{max_ngram}"
 
     def propose(self, tokens: list[int], num_tokens: int, sampler: Sampler) -> Proposal:
         length = len(tokens)
@@ -39,9 +40,12 @@ class PromptLookupDrafter:
 
 
 def build(arg: str | None, target, tokenizer) -> PromptLookupDrafter:
-    """Entry point for ``prompt-lookup`` and ``prompt-lookup:N``."""
+    """Entry point for ``prompt-lookup``, ``prompt-lookup:N`` (n-grams N..1) and ``prompt-lookup:MIN-N``
+    (n-grams N..MIN: no match shorter than MIN, which leaves such steps to the next part of a composite)."""
     if arg in (None, ""):
         return PromptLookupDrafter()
-    if not arg.isdigit():
-        raise SpecdecError(f"bad prompt-lookup size {arg!r}: use prompt-lookup:N with N >= 1, e.g. prompt-lookup:3")
-    return PromptLookupDrafter(int(arg))
+    low, _, high = arg.rpartition("-")
+    if not high.isdigit() or not (low.isdigit() or low == ""):
+        raise SpecdecError(f"bad prompt-lookup size {arg!r}: use prompt-lookup:N or prompt-lookup:MIN-N with "
+                           "1 <= MIN <= N, e.g. prompt-lookup:3 or prompt-lookup:2-3")
+    return PromptLookupDrafter(int(high), int(low or 1))

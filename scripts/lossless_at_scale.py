@@ -1,0 +1,84 @@
+"""Greedy losslessness at scale: speculative output equals the target's own greedy decoding, token for token.
+
+For PROMPTS prompts taken in turn from the bundled tasks (HumanEval, MMLU-CoT), the target decodes greedily with
+transformers' ``generate`` (its own decoding, plain kernels), then our engine decodes the same prompt with each
+draft kind (oneDNN kernels, the default, so the comparison also covers the kernel path); any difference is
+reported with the first differing index and the target's logit margin there (``engine.divergence``).
+
+  .venv/bin/python scripts/lossless_at_scale.py --prompts 200 --out docs/lossless_at_scale.json   (~25 min)
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import time
+from itertools import zip_longest
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from specdraft_eval import kernels
+from specdraft_eval.drafts import load_draft
+from specdraft_eval.engine import divergence, speculative_generate
+from specdraft_eval.offline_data import task_prompts
+from specdraft_eval.targets import load_target
+
+REPO = Path(__file__).resolve().parents[1]
+DRAFTS = ["prompt-lookup", "layers:0-4", f"prompt-lookup:2-3|{REPO / 'leaderboard/drafts/smollm2-ngram'}"]
+
+
+def prompts(count: int) -> list[tuple[str, str]]:
+    tasks = ("specdec_humaneval", "specdec_mmlu_cot")
+    pairs = zip_longest(*[[(t, p) for p in task_prompts(t)] for t in tasks])
+    return [item for pair in pairs for item in pair if item is not None][:count]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=200)
+    parser.add_argument("--new-tokens", type=int, default=16)
+    parser.add_argument("--drafts", nargs="+", default=DRAFTS)
+    parser.add_argument("--num-draft-tokens", type=int, default=4)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    reference_model, tokenizer = load_target("smollm2-135m-instruct", kernels="plain")
+    target = copy.deepcopy(reference_model)
+    kernels.apply(target, "onednn")
+    drafters = {spec: load_draft(spec, target, tokenizer) for spec in args.drafts}
+    report = {"prompts": 0, "new_tokens": args.new_tokens, "num_draft_tokens": args.num_draft_tokens,
+              "by_draft": {spec: {"checked": 0, "identical": 0, "mismatches": []} for spec in args.drafts},
+              "by_task": {}}
+    start = time.perf_counter()
+    for task, prompt in tqdm(prompts(args.prompts), desc="prompts", file=sys.stderr):
+        ids = tokenizer(prompt).input_ids[-1024:]
+        with torch.inference_mode():
+            out = reference_model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                           max_new_tokens=args.new_tokens, do_sample=False,
+                                           pad_token_id=tokenizer.eos_token_id)
+        expected = out[0, len(ids):].tolist()
+        report["prompts"] += 1
+        report["by_task"][task] = report["by_task"].get(task, 0) + 1
+        for spec, drafter in drafters.items():
+            got, _ = speculative_generate(target, drafter, ids, args.new_tokens, num_draft_tokens=args.num_draft_tokens,
+                                          dynamic_gamma=True)
+            entry = report["by_draft"][spec]
+            entry["checked"] += 1
+            if got == expected:
+                entry["identical"] += 1
+            else:
+                entry["mismatches"].append({"task": task, **(divergence(target, ids, got, expected) or {})})
+    report["seconds"] = round(time.perf_counter() - start, 1)
+    text = json.dumps(report, indent=1)
+    if args.out:
+        args.out.write_text(text + "\n")
+    print(text)
+    sys.exit(0 if all(e["identical"] == e["checked"] for e in report["by_draft"].values()) else 1)
+
+
+if __name__ == "__main__":
+    main()
