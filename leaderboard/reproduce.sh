@@ -12,14 +12,13 @@ HE_LIMIT=${HE_LIMIT:-20}; MMLU_LIMIT=${MMLU_LIMIT:-8}
 target=pretrained=smollm2-135m-instruct,baseline=true
 declare -A configs=(
   [prompt-lookup]="$target,draft=prompt-lookup,num_draft_tokens=4"
-  [prompt-lookup-dynamic]="$target,draft=prompt-lookup,dynamic_gamma=true"
-  [prompt-lookup_ngram]="$target,draft=prompt-lookup:2-3|$drafts/smollm2-ngram,dynamic_gamma=true"
+  [prompt-lookup_ngram]="$target,draft=prompt-lookup:2-3|$drafts/smollm2-ngram,num_draft_tokens=4"
   [layers_0-4]="$target,draft=layers:0-4,dynamic_gamma=true"
   [smollm2-5l-distilled]="$target,draft=$drafts/smollm2-5l-distilled,dynamic_gamma=true"
   [as-target_smollm2-5l-distilled]="pretrained=$drafts/smollm2-5l-distilled,draft=prompt-lookup"  # its accuracy
   [auto]="$target,draft=auto"  # last: resolves from the runs above
 )
-order=(prompt-lookup prompt-lookup-dynamic prompt-lookup_ngram layers_0-4 smollm2-5l-distilled
+order=(prompt-lookup prompt-lookup_ngram layers_0-4 smollm2-5l-distilled
        as-target_smollm2-5l-distilled auto)
 [ -d $drafts/smollm2-5l-distilled ] || $bin/zoo prune smollm2-135m-instruct --layers 5 --distill-tokens 65536 --out $drafts/smollm2-5l-distilled
 [ -d $drafts/smollm2-ngram ] || $bin/zoo ngram smollm2-135m-instruct --out $drafts/smollm2-ngram  # shipped in git

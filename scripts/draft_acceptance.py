@@ -113,7 +113,9 @@ def main() -> None:
         outputs[task] = target_outputs(target, tokenizer, task, int(limit), args.max_new_tokens)
         print(f"{task}: {len(outputs[task])} documents, {sum(len(o) for _, o in outputs[task])} target tokens", file=sys.stderr)
     report = {"target": args.target, "documents": {t: len(d) for t, d in outputs.items()},
-              "target_tokens": {t: sum(len(o) for _, o in d) for t, d in outputs.items()}, "drafts": {}}
+              "target_tokens": {t: sum(len(o) for _, o in d) for t, d in outputs.items()},
+              "outputs_at_the_budget": {t: sum(len(o) >= args.max_new_tokens for _, o in d) for t, d in outputs.items()},
+              "drafts": {}}
     for spec in args.drafts:
         drafter = load_draft(spec, target, tokenizer)
         report["drafts"][spec] = {}

@@ -104,8 +104,9 @@ class SpecDecLM(HFLM):
         self.target_name = pretrained if isinstance(pretrained, str) else type(pretrained).__name__
         chosen = {"draft": draft, "num_draft_tokens": 4, "dynamic_gamma": False}
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        if draft == "auto":
-            recommendation = recommend(self.target_name, hardware=hardware(device))
+        if draft == "auto":  # lm-eval's --device defaults to cuda; HFLM falls back to the CPU without one
+            here = device if not str(device).startswith("cuda") or torch.cuda.is_available() else "cpu"
+            recommendation = recommend(self.target_name, hardware=hardware(here))
             chosen = {k: getattr(recommendation, k) for k in chosen}
             log.warning("draft=auto for %s: %s (%s)", self.target_name, chosen, recommendation.reason)
         draft = chosen["draft"]

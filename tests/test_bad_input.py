@@ -224,6 +224,7 @@ LM_EVAL_ERRORS = {
     "unknown model_arg": ("pretrained={tiny},no_such_arg=1", "no_such_arg"),
     "gamma huge": ("pretrained={tiny},num_draft_tokens=100000", None),  # behaviour: capped by the budget, runs
     "max_gen_toks 0": ("pretrained={tiny}", None),  # behaviour: empty generations, runs (--gen_kwargs below)
+    "draft auto": ("pretrained={tiny},draft=auto", None),  # behaviour: no records for this target: prompt lookup
 }
 
 

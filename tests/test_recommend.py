@@ -76,3 +76,4 @@ def test_lm_eval_model_resolves_auto(tmp_path, monkeypatch):
                                  device="cpu")
     assert (lm.num_draft_tokens, lm.dynamic_gamma) == (5, False)
 
+

@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import html
 import io
+import re
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -201,8 +202,8 @@ def _png(fig) -> bytes:
 
 
 def _configuration(row: dict) -> str:
-    """A plot key: the draft (shortened to its end) with its γ, e.g. ``prompt-lookup:3 γ4 dynamic``."""
-    draft = row["draft"] if len(row["draft"]) <= 36 else "…" + row["draft"][-35:]
+    """A plot key: the draft (folders dropped from paths) with its γ, e.g. ``prompt-lookup:3 γ4 dynamic``."""
+    draft = re.sub(r"[^|:]*/", "", row["draft"])
     return f"{draft} γ{row['gamma']}" + (" dynamic" if row["dynamic_gamma"] == "yes" else "")
 
 
@@ -223,7 +224,7 @@ def plots(rows: list[dict]) -> dict[str, bytes]:
     marker = {t: "osD^v<>"[i % 7] for i, t in enumerate(tasks)}
 
     def figure():
-        fig, (ax, key) = plt.subplots(1, 2, figsize=(10, 4.8), dpi=100, gridspec_kw={"width_ratios": [2.6, 1]})
+        fig, (ax, key) = plt.subplots(1, 2, figsize=(11, 4.8), dpi=100, gridspec_kw={"width_ratios": [2.4, 1.2]})
         key.axis("off")
         return fig, ax, key
 
@@ -268,7 +269,7 @@ def plots(rows: list[dict]) -> dict[str, bytes]:
     else:
         ax.text(0.5, 0.5, "no draft accuracies known yet:\nevaluate a draft as a target to add it",
                 ha="center", va="center", transform=ax.transAxes)
-    ax.set_ylim(bottom=0.98)
+    ax.set_ylim(0.98, max([1.5] + [r["tar"] * 1.1 for r in known]))
     ax.set_xlabel("draft's own task accuracy (fraction of documents; task metric)")
     ax.set_ylabel("TAR (tokens per verification step)")
     ax.set_title(f"TAR against the draft's own accuracy\n{where}", fontsize=9)
