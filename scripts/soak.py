@@ -60,13 +60,14 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=500)
     parser.add_argument("--new-tokens", type=int, default=8)
     parser.add_argument("--draft", default="prompt-lookup")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (1 lets two such jobs share 2 cores)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     from specdraft_eval.drafts import load_draft
     from specdraft_eval.offline_data import task_prompts
     from specdraft_eval.targets import load_target
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     target, tokenizer = load_target("smollm2-135m-instruct", kernels="onednn")
     drafter = load_draft(args.draft, target, tokenizer)
     prompts = [tokenizer(p).input_ids for p in task_prompts("specdec_humaneval")[:10]]

@@ -51,7 +51,7 @@ def tiny(tmp_path_factory) -> Path:
     return save_tiny(tmp_path_factory.mktemp("tiny") / "model", layers=4)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("sig", [signal.SIGTERM], ids=["SIGTERM"])  # SIGINT: the lm_eval case below
 def test_zoo_prune_with_distillation(tiny, tmp_path, sig):
     out = tmp_path / "draft"
     done = interrupt(["zoo", "prune", str(tiny), "--layers", "2", "--distill-tokens", "100000000",

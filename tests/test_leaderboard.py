@@ -189,3 +189,10 @@ document.body.setAttribute('data-visible', seen.join(','));
     col = [h for h in re.findall(r"<th[^>]*>(.*?)</th>", dom)].index("tokens/s")
     values = [float(re.findall(r'data-v="([^"]*)"', r)[col]) for r in rows]
     assert values == sorted(values, reverse=True) and values[0] > values[-1]
+
+
+def test_a_composite_drafts_bar_does_not_split_its_markdown_cell(tmp_path):
+    write_result(tmp_path / "results", "prompt-lookup|drafts/ngram", 1.0)
+    assert build(tmp_path / "results", tmp_path / "out").returncode == 0
+    rows = [line for line in (tmp_path / "out" / "README.md").read_text().splitlines() if line.startswith("| prompt")]
+    assert rows and all(line.startswith("| prompt-lookup\\|drafts/ngram ") for line in rows)
