@@ -25,6 +25,7 @@ from specdraft_eval import kernels
 from specdraft_eval.drafts import load_draft
 from specdraft_eval.engine import divergence, speculative_generate
 from specdraft_eval.offline_data import task_prompts
+from specdraft_eval.record import write_json
 from specdraft_eval.targets import load_target
 
 REPO = Path(__file__).resolve().parents[1]
@@ -73,11 +74,12 @@ def main() -> None:
                 entry["identical"] += 1
             else:
                 entry["mismatches"].append({"task": task, **(divergence(target, ids, got, expected) or {})})
-    report["seconds"] = round(time.perf_counter() - start, 1)
-    text = json.dumps(report, indent=1)
+        report["seconds"] = round(time.perf_counter() - start, 1)
+        if args.out and report["prompts"] % 10 == 0:  # figures so far, should the run be stopped
+            write_json(args.out, report)
     if args.out:
-        args.out.write_text(text + "\n")
-    print(text)
+        write_json(args.out, report)
+    print(json.dumps(report, indent=1))
     sys.exit(0 if all(e["identical"] == e["checked"] for e in report["by_draft"].values()) else 1)
 
 
