@@ -22,6 +22,11 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised like Ctrl-C so that every ``finally`` and atomic write cleans up on the way out."""
 
 
+def raise_terminated(signum, frame) -> None:
+    """A SIGTERM handler: raise :class:`Terminated`."""
+    raise Terminated()
+
+
 @contextmanager
 def terminate_as_interrupt() -> Iterator[None]:
     """While inside, SIGTERM raises :class:`Terminated` in the main thread (elsewhere: nothing changes)."""
@@ -29,10 +34,7 @@ def terminate_as_interrupt() -> Iterator[None]:
         yield
         return
 
-    def handler(signum, frame):
-        raise Terminated()
-
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
     try:
         yield
     finally:

@@ -19,7 +19,7 @@ from lm_eval.models.huggingface import HFLM
 from specdraft_eval import kernels as kernel_paths
 from specdraft_eval.drafts import load_draft
 from specdraft_eval.engine import autoregressive_generate, divergence, speculative_generate
-from specdraft_eval.errors import SpecdecError, Terminated, one_line
+from specdraft_eval.errors import SpecdecError, one_line, raise_terminated
 from specdraft_eval.gamma import GammaController
 from specdraft_eval.recommend import recommend
 from specdraft_eval.record import (
@@ -49,10 +49,6 @@ def _excepthook(exc_type, exc, tb, _previous=sys.excepthook) -> None:
 
 
 sys.excepthook = _excepthook
-
-
-def _terminated(signum, frame) -> None:
-    raise Terminated()
 
 
 def _as_bool(name: str, value) -> bool:
@@ -97,14 +93,14 @@ class SpecDecLM(HFLM):
         **kwargs,
     ) -> None:
         if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-            signal.signal(signal.SIGTERM, _terminated)  # unwind like Ctrl-C, through every finally
+            signal.signal(signal.SIGTERM, raise_terminated)  # unwind like Ctrl-C, through every finally
         self.baseline = _as_bool("baseline", baseline)
         self.seed = None if seed is None else int(seed)
         kernel_paths.check(kernels)
         self.target_name = pretrained if isinstance(pretrained, str) else type(pretrained).__name__
         chosen = {"draft": draft, "num_draft_tokens": 4, "dynamic_gamma": False}
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        if draft == "auto":  # lm-eval's --device defaults to cuda; HFLM falls back to the CPU without one
+        if draft == "auto":  # cuda asked for on a machine without it: HFLM runs on the CPU, so look up the CPU
             here = device if not str(device).startswith("cuda") or torch.cuda.is_available() else "cpu"
             recommendation = recommend(self.target_name, hardware=hardware(here))
             chosen = {k: getattr(recommendation, k) for k in chosen}
