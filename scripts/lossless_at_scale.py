@@ -6,6 +6,9 @@ draft kind (oneDNN kernels, the default, so the comparison also covers the kerne
 reported with the first differing index and the target's logit margin there (``engine.divergence``).
 
   .venv/bin/python scripts/lossless_at_scale.py --prompts 200 --out docs/lossless_at_scale.json   (~20 min)
+
+``--resume`` continues from the figures already in ``--out`` (it is rewritten every 10 prompts), so a run stopped
+part way need not start over.
 """
 
 from __future__ import annotations
@@ -29,7 +32,12 @@ from specdraft_eval.record import write_json
 from specdraft_eval.targets import load_target
 
 REPO = Path(__file__).resolve().parents[1]
-DRAFTS = ["prompt-lookup", "layers:0-4", f"prompt-lookup:2-3|{REPO / 'leaderboard/drafts/smollm2-ngram'}"]
+DRAFTS = ["prompt-lookup", "layers:0-4", "prompt-lookup:2-3|leaderboard/drafts/smollm2-ngram"]
+
+
+def _in_repo(spec: str) -> str:
+    """``spec`` with repo-relative draft directories made absolute, so the script runs from any folder."""
+    return "|".join(str(REPO / part) if (REPO / part).is_dir() else part for part in spec.split("|"))
 
 
 def prompts(count: int) -> list[tuple[str, str]]:
@@ -46,17 +54,23 @@ def main() -> None:
     parser.add_argument("--num-draft-tokens", type=int, default=4)
     parser.add_argument("--threads", type=int, default=2, help="torch threads (1 lets two such jobs share 2 cores)")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--resume", action="store_true", help="continue from the figures already in --out")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     reference_model, tokenizer = load_target("smollm2-135m-instruct", kernels="plain")
     target = copy.deepcopy(reference_model)
     kernels.apply(target, "onednn")
-    drafters = {spec: load_draft(spec, target, tokenizer) for spec in args.drafts}
+    drafters = {spec: load_draft(_in_repo(spec), target, tokenizer) for spec in args.drafts}
     report = {"prompts": 0, "new_tokens": args.new_tokens, "num_draft_tokens": args.num_draft_tokens,
               "by_draft": {spec: {"checked": 0, "identical": 0, "mismatches": []} for spec in args.drafts},
-              "by_task": {}}
-    start = time.perf_counter()
-    for task, prompt in tqdm(prompts(args.prompts), desc="prompts", file=sys.stderr):
+              "by_task": {}, "seconds": 0.0}
+    if args.resume:
+        report = json.loads(args.out.read_text())
+        if (set(report["by_draft"]), report["new_tokens"], report["num_draft_tokens"]) != (
+                set(args.drafts), args.new_tokens, args.num_draft_tokens):
+            sys.exit(f"error: {args.out} was made with other drafts or settings: rerun without --resume")
+    start = time.perf_counter() - report["seconds"]
+    for task, prompt in tqdm(prompts(args.prompts)[report["prompts"]:], desc="prompts", file=sys.stderr):
         ids = tokenizer(prompt).input_ids[-512:]  # MMLU-CoT's five shots: the last 512 tokens keep prefill short
         with torch.inference_mode():
             out = reference_model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),

@@ -2,27 +2,32 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
 from conftest import BIN, ROOT, run_cli, save_tiny
+from fake_hub import FakeHub
 
 
-def interrupt(args: list[str], ready: str, sig: signal.Signals, timeout: float = 120) -> subprocess.CompletedProcess:
-    """Start ``args``, wait until its stderr shows ``ready`` (the work has begun), send ``sig``, collect."""
+def interrupt(args: list[str], ready: str | Callable[[], bool], sig: signal.Signals, timeout: float = 120,
+              env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Start ``args``, wait until its stderr shows ``ready`` (or ``ready()`` holds: the work has begun), send
+    ``sig``, collect."""
     proc = subprocess.Popen([str(BIN / args[0]), *args[1:]], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+                            env={**os.environ, "TOKENIZERS_PARALLELISM": "false", **(env or {})})
     chunks: list[bytes] = []
     reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: proc.stderr.read1(4096), b"")), daemon=True)
     reader.start()
     deadline = time.monotonic() + timeout
-    while ready.encode() not in b"".join(chunks):
+    started = ready if callable(ready) else lambda: ready.encode() in b"".join(chunks)
+    while not started():
         assert proc.poll() is None, f"ended before {ready!r} appeared: {b''.join(chunks)[-2000:]!r}"
         assert time.monotonic() < deadline, f"{ready!r} never appeared: {b''.join(chunks)[-2000:]!r}"
         time.sleep(0.05)
@@ -63,6 +68,33 @@ def test_zoo_prune_with_distillation(tiny, tmp_path, sig):
                     "--out", str(out))
     assert again.returncode == 0, again.stderr
     assert (out / "config.json").is_file()
+
+
+def test_zoo_pull(tiny, tmp_path):
+    """A download stopped mid-file leaves no snapshot pointing at a partial file; the rerun completes it."""
+    env = {"HF_ENDPOINT": "", "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_XET": "1"}
+    hub = FakeHub("org/tiny-draft", tiny, slow=True)
+    try:
+        env["HF_ENDPOINT"] = hub.endpoint
+        done = interrupt(["zoo", "pull", "org/tiny-draft"], hub.sending.is_set, signal.SIGTERM, env=env)
+    finally:
+        hub.close()
+    check_one_line(done, "zoo:")
+    assert done.returncode == 128 + signal.SIGTERM
+    cached = tmp_path / "hf" / "hub" / "models--org--tiny-draft"
+    snapshot = cached / "snapshots"
+    assert not (snapshot.exists() and list(snapshot.rglob(hub.largest))), "a snapshot points at a partial file"
+    assert not list(cached.rglob("*.incomplete")), "a partial download was left behind"
+    hub = FakeHub("org/tiny-draft", tiny)
+    try:
+        env["HF_ENDPOINT"] = hub.endpoint
+        again = run_cli("zoo", "pull", "org/tiny-draft", "--json", env=env)
+    finally:
+        hub.close()
+    assert again.returncode == 0, again.stderr[-2000:]
+    pulled = Path(json.loads(again.stdout)["path"])
+    assert {p.name: p.read_bytes() for p in pulled.iterdir()} == hub.files
+    assert not list(cached.rglob("*.incomplete"))
 
 
 def test_zoo_profile(tiny, tmp_path):

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import sys
+import threading
 import warnings
 from pathlib import Path
 from typing import Annotated, Optional
@@ -11,7 +14,12 @@ from typing import Annotated, Optional
 import typer
 from tabulate import tabulate
 
-from specdraft_eval.errors import SpecdecError, interrupted_exit_code, one_line, terminate_as_interrupt
+from specdraft_eval.errors import (
+    SpecdecError,
+    interrupted_exit_code,
+    one_line,
+    terminate_as_interrupt,
+)
 from zoo.rank import DEFAULT_MAX_NEW_TOKENS, DEFAULT_RESULTS, DEFAULT_TASK
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -51,10 +59,28 @@ def cli_errors(fn):
                        "with free space (e.g. another --out)", err=True)
             raise typer.Exit(1) from None
         except KeyboardInterrupt as exc:
+            from tqdm import tqdm
+
+            for bar in list(getattr(tqdm, "_instances", ())):  # end progress bars where they stopped, so the
+                bar.close()                                     # message below starts a line of its own
             typer.echo("zoo: interrupted; nothing was left half-written: rerun the command", err=True)
+            if _busy_threads():  # e.g. `zoo pull`'s download workers: stop now, not when their files finish
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(interrupted_exit_code(exc))
             raise typer.Exit(interrupted_exit_code(exc)) from None
 
     return wrapper
+
+
+def _busy_threads() -> bool:
+    """Whether threads other than the main one would hold the process open at exit (the interpreter joins them).
+
+    Only ``zoo pull``'s download workers start such threads; the hub client writes each file under a temporary name
+    and renames it when complete, and ``zoo pull`` deletes its partial files on the way out, so leaving the workers
+    mid-file loses nothing: a rerun downloads what was not finished."""
+    main = threading.main_thread()
+    return any(t is not main and t.is_alive() and not t.daemon for t in threading.enumerate())
 
 
 def parse_gammas(text: str) -> list[int]:
@@ -84,7 +110,13 @@ def torch_cuda() -> bool:
 
 
 def progress():
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
 
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                     transient=True, console=None)
@@ -117,7 +149,7 @@ def pull(
     target: Annotated[Optional[str], typer.Option("--target", "-t", help="Check the draft's tokenizer against this target.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Download a draft into the Hugging Face cache (resumable; offline: answer from the cache)."""
+    """Download a draft into the Hugging Face cache (interrupted: keeps whole files only; offline: answer from the cache)."""
     from zoo.pull import pull as do_pull
 
     result = do_pull(name, revision, target)
@@ -317,8 +349,8 @@ def validate(
     """Check the analytical model: predict tokens/s from a separate profile and measured TAR, then measure."""
     from specdraft_eval.drafts import load_draft
     from specdraft_eval.offline_data import task_prompts
-    from specdraft_eval.targets import load_target
     from specdraft_eval.record import write_json
+    from specdraft_eval.targets import load_target
     from zoo import validate as validation
 
     gammas = parse_gammas(gamma)
@@ -416,8 +448,8 @@ def recommend(
     """Say what draft=auto resolves to for a target, and why (measured speedups from results files)."""
     from dataclasses import asdict
 
-    from specdraft_eval.record import hardware
     from specdraft_eval.recommend import recommend as choose
+    from specdraft_eval.record import hardware
 
     for path in results or []:
         if not path.exists():
