@@ -31,7 +31,7 @@ def main() -> None:
     args = parser.parse_args()
     models = {name: load_target(args.target, kernels=name)[0] for name in kernels.KERNELS}
     context = list(range(100, 100 + args.context))
-    caches = {name: prefill(model, context) for name, model in models.items()}
+    caches = {name: prefill(model, [context]).cache for name, model in models.items()}
     times: dict[tuple[str, int], list[float]] = {(n, k): [] for n in models for k in KS}
     with torch.inference_mode():
         for repeat in range(args.repeats + 2):  # two warm-up rounds

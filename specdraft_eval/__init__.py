@@ -2,7 +2,7 @@
 
 Public API (imported lazily so that the ``.pth`` hook costs nothing at start-up)::
 
-    from specdraft_eval import load_target, load_draft, speculative_generate
+    from specdraft_eval import load_target, load_draft, speculative_generate, speculative_generate_batch
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ _EXPORTS = {
     "load_target": "specdraft_eval.targets",
     "load_draft": "specdraft_eval.drafts",
     "speculative_generate": "specdraft_eval.engine",
+    "speculative_generate_batch": "specdraft_eval.engine",
     "autoregressive_generate": "specdraft_eval.engine",
+    "autoregressive_generate_batch": "specdraft_eval.engine",
     "GenerationStats": "specdraft_eval.stats",
     "SpecdecError": "specdraft_eval.errors",
 }

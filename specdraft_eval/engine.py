@@ -1,7 +1,7 @@
-"""Speculative generation (batch size 1) over Hugging Face causal LMs, and its autoregressive twin.
+"""Speculative generation over Hugging Face causal LMs, one prompt or a batch, and its autoregressive twin.
 
-Invariant of the loop: the target's KV cache holds every token but the last one emitted, so a
-verification step feeds ``[last, d1..dk]`` and reads k+1 next-token distributions at once.
+Invariant of the loop: the target's KV cache holds every token of each row but the last one emitted, so a
+verification step feeds ``[last, d1..dk]`` per row and reads k+1 next-token distributions at once.
 Greedy decoding accepts the longest prefix of the draft that matches the target's argmax; sampling uses
 rejection sampling (Leviathan et al. 2023; Chen et al. 2023), so output follows the target's distribution.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import torch
 
@@ -98,15 +99,109 @@ def _verify(logits: torch.Tensor, proposal: Proposal, sampler: Sampler) -> tuple
     return len(drafted), int(sampler.sample(p[len(drafted)][None]))
 
 
-def verify_step(target, cache: "kv.DynamicCache", tokens: list[int], proposal: Proposal, sampler: Sampler) -> tuple[int, int]:
-    """One verification: run ``[last, *drafted]`` through the target on top of ``cache`` (which holds all of
-    ``tokens`` but the last), accept, and roll the cache back to the accepted length. Returns (accepted draft
-    tokens, the target's next token). ``zoo profile`` times exactly this call."""
-    k = len(proposal.tokens)
-    logits = kv.forward(target, [tokens[-1], *proposal.tokens], cache, k + 1)  # [k + 1, vocab]
-    accepted, next_token = _verify(logits, proposal, sampler)
-    kv.rollback(cache, len(tokens) + accepted)
-    return accepted, next_token
+class BatchCache:
+    """The target's KV cache for a batch of rows of different lengths: one DynamicCache over all rows.
+
+    A row may hold *holes*: columns of padding, or of draft tokens its verification rejected while another row's
+    were accepted, that stay in the cache but are masked out of attention. ``lengths`` keeps each row's true
+    length (its real columns), which gives the position ids of what it feeds next; ``mask`` is None while no row
+    has a hole, so a batch of one runs exactly as an unpadded, unmasked forward pass. Holes are squeezed out
+    (:meth:`compact`) once they are half the cache.
+    """
+
+    def __init__(self, rows: int) -> None:
+        self.cache = kv.new_cache()
+        self.mask: torch.Tensor | None = None  # [rows, columns] bool: True where a column holds a real token
+        self.lengths = [0] * rows  # real columns per row
+        self._appended: list[int] = []  # tokens each row fed in the last forward pass
+
+    @property
+    def columns(self) -> int:
+        return self.cache.get_seq_length()
+
+    def forward(self, model, tokens: list[list[int]], keep_logits: int) -> torch.Tensor:
+        """Append each row's ``tokens`` (rows may differ in length: shorter ones are right-padded with masked
+        columns) and return the last ``keep_logits`` logits of each row's block, ``[rows, keep_logits, vocab]``.
+        Follow with :meth:`keep`."""
+        width = max(len(row) for row in tokens)
+        device = model.device
+        ids = torch.tensor([row + [0] * (width - len(row)) for row in tokens], dtype=torch.long, device=device)
+        real = torch.tensor([[j < len(row) for j in range(width)] for row in tokens], device=device)  # [rows, width]
+        attention = position_ids = None
+        if self.mask is not None or not bool(real.all()):
+            past = self.mask if self.mask is not None else torch.ones(len(tokens), self.columns, dtype=torch.bool,
+                                                                      device=device)
+            attention = torch.cat([past, real], dim=1).long()  # [rows, columns + width]
+            position_ids = (torch.tensor(self.lengths, device=device)[:, None]
+                            + torch.arange(width, device=device)[None, :])  # [rows, width]
+        logits = model(input_ids=ids, attention_mask=attention, position_ids=position_ids, cache=self.cache,
+                       use_cache=True, logits_to_keep=keep_logits).logits  # [rows, keep_logits, vocab]
+        if not all(tokens):  # a row with nothing real attended to nothing: its padded columns may hold NaN
+            for layer in self.cache.layers:
+                layer.keys[..., -width:, :].nan_to_num_(0.0)
+                layer.values[..., -width:, :].nan_to_num_(0.0)
+        self._appended = [len(row) for row in tokens]
+        return logits
+
+    def keep(self, counts: list[int]) -> None:
+        """After :meth:`forward`: keep the first ``counts[i]`` appended columns of row i; the rest become holes
+        (or are cropped, where no row kept them)."""
+        most = max(counts)
+        kv.rollback(self.cache, self.columns - max(self._appended) + most)
+        device = self.mask.device if self.mask is not None else self.cache.layers[0].keys.device
+        kept = torch.arange(most, device=device)[None, :] < torch.tensor(counts, device=device)[:, None]  # [rows, most]
+        if self.mask is not None or not bool(kept.all()):
+            past = self.mask if self.mask is not None else torch.ones(len(counts), self.columns - most,
+                                                                      dtype=torch.bool, device=device)
+            self.mask = torch.cat([past, kept], dim=1)  # [rows, columns]
+        self.lengths = [length + count for length, count in zip(self.lengths, counts, strict=True)]
+        self.compact()
+
+    def rollback(self, length: int) -> None:
+        """A batch of one without holes: drop cached positions past ``length``."""
+        if self.mask is not None or len(self.lengths) != 1:
+            raise ValueError("rollback is for a batch of one row without holes")
+        kv.rollback(self.cache, length)
+        self.lengths = [min(self.lengths[0], length)]
+
+    def select(self, rows: list[int]) -> None:
+        """Keep only ``rows`` (the others have finished)."""
+        index = torch.tensor(rows, dtype=torch.long, device=self.cache.layers[0].keys.device)
+        for layer in self.cache.layers:
+            layer.batch_select_indices(index)
+        self.mask = self.mask[index] if self.mask is not None else None
+        self.lengths = [self.lengths[i] for i in rows]
+        self.compact()
+
+    def compact(self) -> None:
+        """Squeeze out holes once they fill half the cache: each row's real columns, in order, right-aligned."""
+        if self.mask is None or self.columns < 2 * max(self.lengths) + 16:
+            return
+        longest = max(self.lengths)
+        order = torch.sort(self.mask.int(), dim=1, stable=True).indices  # [rows, columns]: holes first
+        index = order[:, -longest:]  # [rows, longest]
+        self.mask = torch.gather(self.mask, 1, index)
+        for layer in self.cache.layers:
+            heads, dim = layer.keys.shape[1], layer.keys.shape[3]
+            spread = index[:, None, :, None].expand(-1, heads, -1, dim)  # [rows, heads, longest, head_dim]
+            layer.keys = layer.keys.gather(2, spread)
+            layer.values = layer.values.gather(2, spread)
+        if bool(self.mask.all()):
+            self.mask = None
+
+
+def verify_step(target, cache: BatchCache, tokens: list[list[int]], proposals: list[Proposal],
+                samplers: list[Sampler]) -> list[tuple[int, int]]:
+    """One verification of every row: run ``[last, *drafted]`` through the target on top of ``cache`` (which holds
+    all of each row's ``tokens`` but the last), accept, and drop the rejected columns. Returns, per row, (accepted
+    draft tokens, the target's next token). ``zoo profile`` times exactly this call."""
+    width = 1 + max(len(p.tokens) for p in proposals)
+    logits = cache.forward(target, [[row[-1], *p.tokens] for row, p in zip(tokens, proposals, strict=True)],
+                           width)  # [rows, width, vocab]
+    verdicts = [_verify(logits[i, : len(p.tokens) + 1], p, sampler)
+                for i, (p, sampler) in enumerate(zip(proposals, samplers, strict=True))]
+    cache.keep([accepted + 1 for accepted, _ in verdicts])
+    return verdicts
 
 
 def _finish(tokens: list[int], eos: set[int], max_new_tokens: int) -> tuple[list[int], bool]:
@@ -117,14 +212,139 @@ def _finish(tokens: list[int], eos: set[int], max_new_tokens: int) -> tuple[list
     return tokens[:max_new_tokens], len(tokens) >= max_new_tokens
 
 
-def prefill(target, prompt: list[int]) -> "kv.DynamicCache":
-    cache = kv.new_cache()
-    if len(prompt) > 1:
-        kv.forward(target, prompt[:-1], cache, 1)
+def prefill(target, prompts: list[list[int]]) -> BatchCache:
+    """The target's cache over every prompt but its last token (the first step feeds that one)."""
+    cache = BatchCache(len(prompts))
+    if any(len(prompt) > 1 for prompt in prompts):
+        cache.forward(target, [prompt[:-1] for prompt in prompts], 1)
+        cache.keep([len(prompt) - 1 for prompt in prompts])
     return cache
 
 
+class _NoDraft:
+    """Proposes nothing: the loop then decodes autoregressively, one target token per step."""
+
+    name = "none"
+
+    def propose(self, tokens: list[int], num_tokens: int, sampler: Sampler) -> Proposal:
+        return Proposal([])
+
+    def reset(self) -> None:
+        pass
+
+    def fork(self) -> _NoDraft:
+        return self
+
+
+@dataclass
+class _Row:
+    """One request in a batch: what it has produced and how it drafts, samples and stops."""
+
+    index: int
+    prompt: list[int]
+    drafter: Drafter
+    sampler: Sampler
+    stop: StopCheck | None
+    new: list[int] = field(default_factory=list)
+    stats: GenerationStats = field(default_factory=GenerationStats)
+
+
+def _decode(target, draft: Drafter, prompts: list[list[int]], samplers: list[Sampler], eos: set[int],
+            max_new_tokens: int, stops: list[StopCheck | None], num_draft_tokens: int,
+            controller: GammaController | None) -> tuple[list[list[int]], GenerationStats]:
+    """The loop every generation runs: prefill all rows, then draft per row, verify all rows in one target pass,
+    and let rows leave as they finish. Returns each row's new tokens and the batch's stats (counters summed over
+    rows, times once for the batch)."""
+    device = target.device
+    start = clock(device)
+    cache = prefill(target, prompts)
+    decode_start = clock(device)
+    rows = [_Row(i, prompt, draft.fork() if len(prompts) > 1 else draft, sampler, stop)
+            for i, (prompt, sampler, stop) in enumerate(zip(prompts, samplers, stops, strict=True))]
+    for row in rows:
+        row.drafter.reset()
+        row.stats = GenerationStats(generations=1, prompt_tokens=len(row.prompt))
+    finished: list[_Row] = []
+    draft_seconds = verify_seconds = 0.0
+    while rows:
+        t0 = clock(device)
+        gamma = controller.gamma if controller else num_draft_tokens
+        proposals = []
+        for row in rows:
+            budget = min(gamma, max_new_tokens - len(row.new) - 1)
+            tokens = row.prompt + row.new
+            proposals.append(row.drafter.propose(tokens, budget, row.sampler) if budget > 0 else Proposal([]))
+        t1 = clock(device)
+        verdicts = verify_step(target, cache, [row.prompt + row.new for row in rows], proposals,
+                               [row.sampler for row in rows])
+        t2 = clock(device)
+        draft_seconds += t1 - t0
+        verify_seconds += t2 - t1
+        staying = []
+        for position, (row, proposal, (accepted, next_token)) in enumerate(zip(rows, proposals, verdicts, strict=True)):
+            row.stats.record_step(len(proposal.tokens), accepted)
+            row.new, done = _finish(row.new + [*proposal.tokens[:accepted], next_token], eos, max_new_tokens)
+            if controller:
+                controller.update(len(proposal.tokens), accepted, (t1 - t0) / len(rows), (t2 - t1) / len(rows))
+            if done or (row.stop is not None and row.stop(row.new)):
+                finished.append(row)
+            else:
+                staying.append(position)
+        if len(staying) < len(rows):
+            rows = [rows[i] for i in staying]
+            if rows:
+                cache.select(staying)
+    total = GenerationStats()
+    for row in sorted(finished, key=lambda r: r.index):
+        row.stats.generated_tokens = len(row.new)
+        row.stats.end_request()
+        total += row.stats
+    total.prefill_seconds = decode_start - start
+    total.draft_seconds, total.verify_seconds = draft_seconds, verify_seconds
+    total.decode_seconds = clock(device) - decode_start
+    return [row.new for row in sorted(finished, key=lambda r: r.index)], total
+
+
+def _check_gamma(num_draft_tokens) -> None:
+    if not isinstance(num_draft_tokens, int) or isinstance(num_draft_tokens, bool) or num_draft_tokens < 1:
+        raise SpecdecError(f"num_draft_tokens must be an integer >= 1 (got {num_draft_tokens!r})")
+
+
 @torch.inference_mode()
+def speculative_generate_batch(
+    target,
+    draft: Drafter,
+    prompts: Sequence,
+    max_new_tokens: int,
+    num_draft_tokens: int = 4,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
+    stops: Sequence[StopCheck | None] | None = None,
+    dynamic_gamma: bool = False,
+    gamma_controller: GammaController | None = None,
+) -> tuple[list[list[int]], GenerationStats]:
+    """:func:`speculative_generate` for several prompts at once: one target pass verifies every row's draft, rows
+    accept different numbers of tokens and leave when they finish (EOS, budget or their own ``stops`` check).
+    Each row drafts with its own copy of ``draft``'s state and samples with its own generator seeded with
+    ``seed``, so each row's output is what :func:`speculative_generate` gives for it alone (greedy: token for
+    token). Returns each row's new tokens and the batch's stats (counters summed over rows, wall times once)."""
+    _check_gamma(num_draft_tokens)
+    if not prompts:
+        return [], GenerationStats()
+    checked = [_setup(target, prompt, max_new_tokens, do_sample, temperature, top_k, top_p, seed, eos_token_id)
+               for prompt in prompts]
+    if max_new_tokens == 0:
+        return [[] for _ in prompts], GenerationStats(generations=len(prompts),
+                                                       prompt_tokens=sum(len(c[0]) for c in checked))
+    controller = gamma_controller or (GammaController.around(num_draft_tokens) if dynamic_gamma else None)
+    return _decode(target, draft, [c[0] for c in checked], [c[1] for c in checked], checked[0][2], max_new_tokens,
+                   list(stops) if stops is not None else [None] * len(prompts), num_draft_tokens, controller)
+
+
 def speculative_generate(
     target,
     draft: Drafter,
@@ -148,46 +368,32 @@ def speculative_generate(
     4×``num_draft_tokens``) from this generation's measured latencies and acceptance; pass the same
     ``gamma_controller`` to every generation of a run to let it learn from all of them (implies dynamic γ).
     """
-    if not isinstance(num_draft_tokens, int) or isinstance(num_draft_tokens, bool) or num_draft_tokens < 1:
-        raise SpecdecError(f"num_draft_tokens must be an integer >= 1 (got {num_draft_tokens!r})")
-    prompt, sampler, eos = _setup(target, input_ids, max_new_tokens, do_sample, temperature, top_k, top_p, seed, eos_token_id)
-    stats = GenerationStats(generations=1, prompt_tokens=len(prompt))
-    if max_new_tokens == 0:
-        return [], stats
-    device = target.device
-    start = clock(device)
-    cache = prefill(target, prompt)
-    draft.reset()
-    decode_start = clock(device)
-    stats.prefill_seconds = decode_start - start
-    tokens, new = list(prompt), []
-    controller = gamma_controller or (GammaController.around(num_draft_tokens) if dynamic_gamma else None)
-    done = False
-    while not done:
-        t0 = clock(device)
-        gamma = controller.gamma if controller else num_draft_tokens
-        budget = min(gamma, max_new_tokens - len(new) - 1)
-        proposal = draft.propose(tokens, budget, sampler) if budget > 0 else Proposal([])
-        t1 = clock(device)
-        k = len(proposal.tokens)
-        accepted, next_token = verify_step(target, cache, tokens, proposal, sampler)
-        t2 = clock(device)
-        stats.record_step(k, accepted)
-        stats.draft_seconds += t1 - t0
-        stats.verify_seconds += t2 - t1
-        emitted = [*proposal.tokens[:accepted], next_token]
-        new, done = _finish(new + emitted, eos, max_new_tokens)
-        tokens = prompt + new
-        done = done or (stop is not None and stop(new))
-        if controller:
-            controller.update(k, accepted, t1 - t0, t2 - t1)
-    stats.decode_seconds = clock(device) - decode_start
-    stats.generated_tokens = len(new)
-    stats.end_request()
-    return new, stats
+    outputs, stats = speculative_generate_batch(
+        target, draft, [_prompt_list(input_ids)], max_new_tokens, num_draft_tokens, do_sample, temperature, top_k,
+        top_p, seed, eos_token_id, [stop], dynamic_gamma, gamma_controller)
+    return outputs[0], stats
 
 
 @torch.inference_mode()
+def autoregressive_generate_batch(
+    target,
+    prompts: Sequence,
+    max_new_tokens: int,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
+    stops: Sequence[StopCheck | None] | None = None,
+) -> tuple[list[list[int]], GenerationStats]:
+    """Plain token-by-token decoding of several prompts through the same loop, cache and timing path (the speedup
+    baseline): the speculative loop with a draft that proposes nothing. Stats hold baseline tokens and seconds."""
+    outputs, stats = speculative_generate_batch(
+        target, _NoDraft(), prompts, max_new_tokens, 1, do_sample, temperature, top_k, top_p, seed, eos_token_id, stops)
+    return outputs, GenerationStats(baseline_tokens=stats.generated_tokens, baseline_seconds=stats.decode_seconds)
+
+
 def autoregressive_generate(
     target,
     input_ids,
@@ -200,24 +406,10 @@ def autoregressive_generate(
     eos_token_id: int | Sequence[int] | None = None,
     stop: StopCheck | None = None,
 ) -> tuple[list[int], GenerationStats]:
-    """Plain token-by-token decoding through the same cache and timing path (the speedup baseline)."""
-    prompt, sampler, eos = _setup(target, input_ids, max_new_tokens, do_sample, temperature, top_k, top_p, seed, eos_token_id)
-    stats = GenerationStats()
-    if max_new_tokens <= 0:
-        return [], stats
-    device = target.device
-    cache = prefill(target, prompt)
-    decode_start = clock(device)
-    new: list[int] = []
-    last, done = prompt[-1], False
-    while not done:
-        logits = kv.forward(target, [last], cache, 1)
-        last = int(sampler.sample(sampler.probs(logits))) if do_sample else int(logits[-1].argmax())
-        new, done = _finish(new + [last], eos, max_new_tokens)
-        done = done or (stop is not None and stop(new))
-    stats.baseline_seconds = clock(device) - decode_start
-    stats.baseline_tokens = len(new)
-    return new, stats
+    """Plain token-by-token decoding of one prompt (:func:`autoregressive_generate_batch` with one row)."""
+    outputs, stats = autoregressive_generate_batch(target, [_prompt_list(input_ids)], max_new_tokens, do_sample,
+                                                   temperature, top_k, top_p, seed, eos_token_id, [stop])
+    return outputs[0], stats
 
 
 @torch.inference_mode()

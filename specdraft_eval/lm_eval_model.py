@@ -1,16 +1,19 @@
 """``lm_eval --model specdec``: lm-eval's HF model with generation through speculative decoding.
 
 Everything but generation (tokenisation, chat templates, batching, truncation, loglikelihood) is
-lm-eval's own ``HFLM``; only ``_model_generate`` is replaced, row by row, by the engine.
+lm-eval's own ``HFLM``; only ``_model_generate`` is replaced: each batch lm-eval forms (``--batch_size N`` or
+``auto``) is one batched speculative generation in the engine.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
-from collections import defaultdict
+from collections import Counter, defaultdict
+from functools import reduce
 
 import torch
 from lm_eval.api.registry import register_model
@@ -18,7 +21,11 @@ from lm_eval.models.huggingface import HFLM
 
 from specdraft_eval import kernels as kernel_paths
 from specdraft_eval.drafts import load_draft
-from specdraft_eval.engine import autoregressive_generate, divergence, speculative_generate
+from specdraft_eval.engine import (
+    autoregressive_generate_batch,
+    divergence,
+    speculative_generate_batch,
+)
 from specdraft_eval.errors import SpecdecError, one_line, raise_terminated
 from specdraft_eval.gamma import GammaController
 from specdraft_eval.recommend import recommend
@@ -26,6 +33,7 @@ from specdraft_eval.record import (
     SpecdecRecord,
     default_profile_path,
     hardware,
+    model_facts,
     profile_latencies,
     read_profile,
 )
@@ -116,6 +124,8 @@ class SpecDecLM(HFLM):
             pretrained = source.path
             if source.gguf_file:
                 kwargs["gguf_file"] = source.gguf_file
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available():
+            os.environ.setdefault("ACCELERATE_USE_CPU", "1")  # several processes on CPUs: accelerate's gloo group
         try:
             super().__init__(pretrained=pretrained, device=device, **kwargs)
         except TypeError as exc:  # a model_arg neither we, lm-eval's hf model nor from_pretrained take
@@ -123,6 +133,11 @@ class SpecDecLM(HFLM):
                 raise
             raise SpecdecError(f"model_args: {str(exc).split(': ', 1)[-1].strip()}: specdec takes draft, num_draft_tokens, "
                                "dynamic_gamma, baseline, seed, kernels and what --model hf takes") from None
+        accelerator = getattr(self, "accelerator", None)
+        if accelerator is not None and accelerator.num_processes > 1 and self._world_size == 1:
+            # `accelerate launch` on CPUs: lm-eval's hf model splits documents only across GPUs it counts, so each
+            # process would run every document; split them across the processes instead
+            self._rank, self._world_size = accelerator.process_index, accelerator.num_processes
         kernel_paths.apply(self.model, kernels)  # before the draft, so that a layer view shares the packed layers
         self.draft_name = draft
         self._drafter = load_draft(draft, self.model, self.tokenizer)
@@ -133,20 +148,34 @@ class SpecDecLM(HFLM):
         self._baseline_mismatches = 0
         self._mismatch_details: list[dict] = []
         self._task = "default"
+        self._merged: SpecdecRecord | None = None
 
     # --- generation ------------------------------------------------------------------------------
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        """HFLM's generate_until, run per task so that figures are kept per task."""
+        """HFLM's generate_until, run per task so that figures are kept per task. Under data parallelism, the
+        copies lm-eval appends to even out the ranks' shares are answered without generating (they would count
+        twice), and the ranks' records are merged on rank 0."""
+        seen: Counter = Counter()
+        originals: dict[int, int] = {}  # position of a padding copy -> position of its request's first copy
         by_task: dict[str, list[int]] = defaultdict(list)
         for i, request in enumerate(requests):
-            by_task[request.task_name or "default"].append(i)
+            seen[id(request)] += 1
+            if seen[id(request)] > max(getattr(request, "repeats", 1), 1):
+                originals[i] = next(j for j, r in enumerate(requests) if r is request)
+            else:
+                by_task[request.task_name or "default"].append(i)
         results: list[str] = [""] * len(requests)
         for task, indices in by_task.items():
             self._task = task
             outputs = super().generate_until([requests[i] for i in indices], disable_tqdm)
             for i, output in zip(indices, outputs, strict=True):
                 results[i] = output
+        for i, original in originals.items():
+            results[i] = results[original]
+        if self.world_size > 1:
+            records = self.gather_object(self._record(), dst=0)
+            self._merged = reduce(SpecdecRecord.merge, records) if self.rank == 0 else None
         if self.rank == 0 and by_task:
             print(table(self.specdec_info()), flush=True)
         return results
@@ -169,34 +198,39 @@ class SpecDecLM(HFLM):
             "seed": self.seed,
         }
         max_new_tokens = max_length - context.shape[1]
-        rows = []
-        for row in range(context.shape[0]):
-            ids = context[row] if attention_mask is None else context[row][attention_mask[row].bool()]
-            new, stats = speculative_generate(
-                self.model,
-                self._drafter,
-                ids,
-                max_new_tokens,
-                num_draft_tokens=self.num_draft_tokens,
-                stop=self._stop_check(stop),
-                gamma_controller=self._gamma_controller,
-                **sampling,
-            )
-            if self.baseline:
-                reference, base_stats = autoregressive_generate(self.model, ids, max_new_tokens, stop=self._stop_check(stop),
-                                                                 **sampling)
-                stats = stats + base_stats
+        prompts = [(context[row] if attention_mask is None else context[row][attention_mask[row].bool()]).tolist()
+                   for row in range(context.shape[0])]
+        outputs, stats = speculative_generate_batch(
+            self.model, self._drafter, prompts, max_new_tokens, num_draft_tokens=self.num_draft_tokens,
+            stops=[self._stop_check(stop) for _ in prompts], gamma_controller=self._gamma_controller, **sampling)
+        if self.baseline:
+            references, base_stats = autoregressive_generate_batch(
+                self.model, prompts, max_new_tokens, stops=[self._stop_check(stop) for _ in prompts], **sampling)
+            stats = stats + base_stats
+            for prompt, new, reference in zip(prompts, outputs, references, strict=True):
                 # a speculative step may run a few tokens past a stop sequence; lm-eval cuts both there
                 if not do_sample and new[: len(reference)] != reference:
                     self._baseline_mismatches += 1
-                    where = divergence(self.model, ids.tolist(), new, reference)
+                    where = divergence(self.model, prompt, new, reference)
                     self._mismatch_details.append({"task": self._task, **(where or {})})
                     log.error("specdec output differs from plain greedy decoding on a %s request: %s", self._task, where)
-            self._stats[self._task] += stats
-            rows.append(context[row].tolist() + new)
+        self._stats[self._task] += stats
+        rows = [context[row].tolist() + new for row, new in enumerate(outputs)]
         width = max(len(r) for r in rows)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         return torch.tensor([r + [pad] * (width - len(r)) for r in rows], device=context.device)
+
+    def _detect_batch_size(self, requests=None, pos: int = 0) -> int:
+        """``--batch_size auto``: on a GPU, lm-eval's own search (the largest batch that does not run out of
+        memory); on the CPU, where running out of memory swaps instead of raising, the largest batch whose target
+        KV caches for ``max_length`` tokens fit in half the available memory, at most ``max_batch_size``."""
+        if self.device.type == "cuda":
+            return super()._detect_batch_size(requests, pos)
+        import psutil
+
+        per_row = model_facts(self.model)["kv_bytes_per_token"] // 2 * self.model.dtype.itemsize * self.max_length
+        fits = psutil.virtual_memory().available // 2 // max(per_row, 1)
+        return int(max(1, min(self.max_batch_size or 64, fits)))
 
     def _stop_check(self, stop: list[str]):
         """A :data:`~specdraft_eval.engine.StopCheck` that decodes only the tokens that can hold a new match:
@@ -218,8 +252,8 @@ class SpecDecLM(HFLM):
 
     # --- reporting -------------------------------------------------------------------------------
 
-    def specdec_info(self) -> dict:
-        """The ``specdec`` block for the results file."""
+    def _record(self) -> SpecdecRecord:
+        """This process's record."""
         profile = read_profile(default_profile_path(self.target_name, str(self.device),
                                                     kernel_paths.kernels_of(self.model)), named=False)
         return SpecdecRecord.new(
@@ -233,7 +267,11 @@ class SpecDecLM(HFLM):
             getattr(self._drafter, "model", None),
             profile_latencies(profile, self._drafter.name),
             self._mismatch_details,
-        ).to_block()
+        )
+
+    def specdec_info(self) -> dict:
+        """The ``specdec`` block for the results file (on rank 0 of a data-parallel run: every rank's, merged)."""
+        return (self._merged or self._record()).to_block()
 
     def get_model_info(self) -> dict:
         return {**super().get_model_info(), "specdec": self.specdec_info()}

@@ -163,6 +163,7 @@ class SpecdecRecord:
     latencies: dict | None = None  # separately measured (a profile): what predicted_tokens_per_second uses
     # per mismatch (at most MAX_MISMATCH_DETAILS): task, first differing token index, both tokens, logit margin
     baseline_mismatch_details: list[dict] = field(default_factory=list)
+    processes: int = 1  # how many processes' counters this record holds (data-parallel ranks, merged runs)
 
     @classmethod
     def new(cls, target: str, draft: str, num_draft_tokens: int, dynamic_gamma: bool, device,
@@ -184,14 +185,16 @@ class SpecdecRecord:
         return self.target, self.draft, self.num_draft_tokens, self.dynamic_gamma, self.hardware
 
     def merge(self, other: "SpecdecRecord") -> "SpecdecRecord":
-        """The record of both runs: counters summed per task, mismatches added."""
+        """The record of both runs (or of two data-parallel ranks of one run): counters summed per task, times
+        added (so tokens/s is the rate per process and speedup compares like with like), mismatches added,
+        ``processes`` added."""
         if self.key() != other.key():
             raise SpecdecError(f"cannot merge records of different runs: {self.key()} and {other.key()}")
         tasks = sorted(set(self.per_task) | set(other.per_task))
         per_task = {t: self.per_task.get(t, GenerationStats()) + other.per_task.get(t, GenerationStats()) for t in tasks}
         details = (self.baseline_mismatch_details + other.baseline_mismatch_details)[:MAX_MISMATCH_DETAILS]
         return replace(self, per_task=per_task, baseline_mismatches=self.baseline_mismatches + other.baseline_mismatches,
-                       baseline_mismatch_details=details)
+                       baseline_mismatch_details=details, processes=self.processes + other.processes)
 
     def to_block(self) -> dict:
         """The ``config.specdec`` block of a results file."""
@@ -211,6 +214,7 @@ class SpecdecRecord:
             "hardware": self.hardware,
             "versions": self.versions,
             "generations": total.generations,
+            "processes": self.processes,
             **total.summary(),
             "predicted_tokens_per_second": predicted(total),
             "latencies": self.latencies,
@@ -235,7 +239,8 @@ class SpecdecRecord:
                        bool(block.get("dynamic_gamma", False)), block.get("hardware") or "",
                        block.get("versions") or {}, block.get("draft_parameters_m") or 0.0,
                        block.get("draft_layers") or 0, int(block.get("baseline_mismatches", 0)), per_task,
-                       block.get("latencies"), list(block.get("baseline_mismatch_details") or []))
+                       block.get("latencies"), list(block.get("baseline_mismatch_details") or []),
+                       int(block.get("processes", 1)))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise RecordError(f"{path}: malformed specdec record ({type(exc).__name__}: {exc}); "
                               "regenerate or remove it") from None

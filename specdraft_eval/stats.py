@@ -102,8 +102,9 @@ class GenerationStats:
         """
         steps, drafted = self.steps, self.draft_tokens
         tar = (self.accepted_tokens + steps) / steps if steps else None
+        split = self.verify_seconds > 0  # False for a serving engine's counters: its time is not split
         t_draft = self.draft_seconds / drafted if drafted else 0.0
-        t_verify = self.verify_seconds / steps if steps else None
+        t_verify = self.verify_seconds / steps if steps and split else None
         tps = self.generated_tokens / self.decode_seconds if self.decode_seconds > 0 else None
         base_tps = self.baseline_tokens / self.baseline_seconds if self.baseline_seconds > 0 else None
         per_request = (
@@ -126,11 +127,11 @@ class GenerationStats:
             "acceptance_length_histogram": list(self.acceptance_length_histogram),
             "per_request_mean_accepted_length": per_request,
             "mean_num_draft_tokens": drafted / steps if steps else None,
-            "draft_ms_per_token": t_draft * 1000 if drafted else None,
+            "draft_ms_per_token": t_draft * 1000 if drafted and split else None,
             "verify_ms_per_step": t_verify * 1000 if t_verify is not None else None,
             "tokens_per_second": tps,
             "baseline_tokens_per_second": base_tps,
             "speedup": tps / base_tps if tps and base_tps else None,
             "loop_overhead": 1 - (self.draft_seconds + self.verify_seconds) / self.decode_seconds
-            if self.decode_seconds > 0 and steps else None,
+            if self.decode_seconds > 0 and steps and split else None,
         }

@@ -50,11 +50,13 @@ def test_specdec_is_registered_next_to_lm_evals_own_models():
     assert done.stdout.split() == ["SpecDecLM", "HFLM"], done.stderr
 
 
-@pytest.mark.parametrize("draft", ["prompt-lookup", "layers:0-3+29"])
-def test_greedy_output_identical_to_hf(hf_run, tmp_path, draft):
+@pytest.mark.parametrize("draft,batch_size", [("prompt-lookup", "4"), ("layers:0-3+29", "2")])
+def test_greedy_output_identical_to_hf(hf_run, tmp_path, draft, batch_size):
+    """Batched speculative decoding (lm-eval batches of 2 and 4) against hf's batch-1 plain decoding."""
     hf_results, hf_samples = hf_run
     results, samples = evaluate(
-        tmp_path, "specdec", f"pretrained=smollm2-135m-instruct,draft={draft},num_draft_tokens=3,baseline=true"
+        tmp_path, "specdec", f"pretrained=smollm2-135m-instruct,draft={draft},num_draft_tokens=3,baseline=true",
+        "--batch_size", batch_size,
     )
     for task in TASKS:
         assert [s["resps"] for s in samples[task]] == [s["resps"] for s in hf_samples[task]]

@@ -399,12 +399,17 @@ def bench(
     max_new_tokens: Annotated[int, typer.Option(help="Tokens per generation.")] = 128,
     dtype: Annotated[str, typer.Option(help="Weights' dtype: float32 or bfloat16.")] = "float32",
     kernels: KernelsOpt = "onednn",
+    batch_size: Annotated[Optional[str], typer.Option(
+        "--batch-size", help="Batch study instead: comma-separated batch sizes (e.g. 1,2,4,8); tokens/s of our "
+        "batched engine, speculative and plain, per batch size (--limit is raised to the largest).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Time our engine against transformers' generate and assisted generation (greedy, same prompts)."""
+    """Time our engine against transformers' generate and assisted generation (greedy, same prompts), or with
+    --batch-size, speculative against plain decoding at each batch size."""
     from specdraft_eval import kernels as kernel_paths
     from specdraft_eval.drafts import load_draft
     from specdraft_eval.targets import load_target
+    from zoo import batch_study
     from zoo import bench as benchmark
 
     if task and prompts:
@@ -412,9 +417,27 @@ def bench(
     if dtype not in ("float32", "bfloat16", "float16"):
         raise SpecdecError(f"bad --dtype {dtype!r}: use float32, bfloat16 or float16")
     benchmark.check_options(gamma, repeats, max_new_tokens)
-    texts = benchmark.load_prompts(task, prompts, limit)
+    sizes = batch_study.parse_batch_sizes(batch_size) if batch_size is not None else None
+    texts = benchmark.load_prompts(task, prompts, limit if sizes is None or limit < 1 else max(limit, *sizes))
     model, tokenizer = load_target(target, dtype=dtype, kernels=kernels)
     names = drafts or ["prompt-lookup"]
+    if sizes is not None:
+        drafters = [load_draft(name, model, tokenizer) for name in names]
+        batches = sum(-(-len(texts) // size) for size in sizes) * repeats * len(drafters)
+        with progress() as bar:
+            job = bar.add_task("batch study", total=batches)
+            result = batch_study.run_batch_study(model, tokenizer, drafters, texts, sizes, gamma, repeats,
+                                                 max_new_tokens, on_run=lambda: bar.advance(job))
+        result["task"] = None if prompts else task or "specdec_humaneval"
+        if as_json:
+            emit(result, True)
+            return
+        typer.echo(f"target {target} ({result['dtype']}) on {result['hardware']}, {result['threads']} threads: "
+                   f"{len(texts)} prompts × {max_new_tokens} new tokens, γ={gamma}, {repeats} repeats (median [min–max])")
+        emit(batch_study.table_rows(result), False)
+        for name, size in result["pays_up_to_batch"].items():
+            typer.echo(f"{name}: speculation pays " + (f"up to batch {size}" if size else "at no batch size measured"))
+        return
     plain = None
     if kernel_paths.kernels_of(model) != "plain":  # transformers as users run it, too
         plain_model, _ = load_target(target, dtype=dtype)

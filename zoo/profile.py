@@ -7,7 +7,6 @@ from pathlib import Path
 
 import torch
 
-from specdraft_eval import kv
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.kernels import kernels_of
 from specdraft_eval.record import default_profile_path, hardware, model_facts, read_profile, write_profile
@@ -47,7 +46,7 @@ def engine_latency(target, drafters: list, gammas: list[int], prompts: list[list
     first_read = {d.name: [] for d in drafters}  # (seconds, prompt tokens) of a draft's first propose
     for prompt in prompts:
         tokens = list(prompt)
-        cache = prefill(target, tokens)
+        cache = prefill(target, [tokens])
         for drafter in drafters:
             drafter.reset()
             start = clock(device)
@@ -66,10 +65,10 @@ def engine_latency(target, drafters: list, gammas: list[int], prompts: list[list
             for k in sorted(verify, reverse=True):  # k = 0 last: it leaves the cache one token longer
                 filler = Proposal([tokens[-1]] * k)
                 start = clock(device)
-                _, next_token = verify_step(target, cache, tokens, filler, sampler)
+                [(_, next_token)] = verify_step(target, cache, [tokens], [filler], [sampler])
                 seconds = clock(device) - start
                 if k:
-                    kv.rollback(cache, len(tokens) - 1)
+                    cache.rollback(len(tokens) - 1)
                 if timed:
                     verify[k].append(seconds)
             tokens.append(next_token)

@@ -34,3 +34,8 @@ class Drafter(Protocol):
     def reset(self) -> None:
         """Forget all state (KV cache) before a new generation."""
         ...
+
+    def fork(self) -> Drafter:
+        """A drafter with the same weights or tables but state of its own, for one row of a batch (a stateless
+        drafter may return itself)."""
+        ...

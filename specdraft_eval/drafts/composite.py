@@ -38,3 +38,8 @@ class CompositeDrafter:
     def reset(self) -> None:
         for part in self.parts:
             part.reset()
+
+    def fork(self) -> CompositeDrafter:
+        twin = CompositeDrafter([part.fork() for part in self.parts])
+        twin.used = self.used  # one count over every row of a batch
+        return twin

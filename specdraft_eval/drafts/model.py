@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from specdraft_eval import kv
 from specdraft_eval.drafts.base import Proposal
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.sampling import Sampler
-
 
 DRAFT_VOCAB_FILE = "draft_vocab.json"
 """In a draft directory: the token ids its reduced output head covers (``zoo prune --vocab-top K``)."""
@@ -62,6 +63,12 @@ class ModelDrafter:
     def reset(self) -> None:
         self._cache = kv.new_cache()
         self._cached: list[int] = []  # the tokens whose keys/values are in the cache
+
+    def fork(self) -> ModelDrafter:
+        """The same model, a cache of its own."""
+        twin = copy.copy(self)
+        twin.reset()
+        return twin
 
     def _common_prefix(self, tokens: list[int]) -> int:
         limit = min(len(self._cached), len(tokens) - 1)  # always feed at least one token

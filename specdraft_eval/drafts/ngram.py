@@ -78,6 +78,9 @@ class NGramDrafter:
     def reset(self) -> None:
         """Stateless between generations."""
 
+    def fork(self) -> NGramDrafter:
+        return self
+
 
 def build(arg: str | None, target, tokenizer) -> NGramDrafter:
     """Entry point for ``ngram:DIR``."""

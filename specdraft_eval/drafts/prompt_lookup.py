@@ -38,6 +38,9 @@ class PromptLookupDrafter:
     def reset(self) -> None:
         """Stateless."""
 
+    def fork(self) -> PromptLookupDrafter:
+        return self
+
 
 def build(arg: str | None, target, tokenizer) -> PromptLookupDrafter:
     """Entry point for ``prompt-lookup``, ``prompt-lookup:N`` (n-grams N..1) and ``prompt-lookup:MIN-N``

@@ -1,0 +1,134 @@
+"""Batched speculative decoding: each row gets what it gets alone (greedy: token for token), rows leave when done,
+holes are squeezed out, and sampling at batch 4 follows the target's distribution."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+from conftest import tiny_llama
+from test_engine import drafts, hf_greedy
+from test_sampling import PROMPT, SAMPLES, VOCAB, exact_joint, fit
+
+from specdraft_eval.engine import (
+    BatchCache,
+    autoregressive_generate,
+    autoregressive_generate_batch,
+    speculative_generate,
+    speculative_generate_batch,
+)
+from specdraft_eval.sampling import Sampler
+
+KINDS = ["prompt-lookup", "layers", "other-model", "self", "reduced-head", "composite", "ngram"]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(seed=0)
+
+
+@pytest.fixture(scope="module")
+def kinds(target) -> dict:
+    """Every draft kind once (each generation resets its state; a batch forks it per row)."""
+    return drafts(target)
+
+
+def prompts(count: int = 8) -> list[list[int]]:
+    """Prompts of lengths 1 to 36 (a one-token prompt has nothing to prefill), some of them repetitive."""
+    generator = torch.Generator().manual_seed(11)
+    rows = [torch.randint(0, 64, (1 + 5 * i,), generator=generator).tolist() for i in range(count)]
+    rows[3] = [5, 6, 7, 8] * 6  # prompt lookup copies long runs here, so rows accept very different amounts
+    return rows
+
+
+@pytest.mark.parametrize("name", KINDS)
+@pytest.mark.parametrize("gamma,dynamic", [(3, False), (5, True)])
+def test_each_row_equals_its_batch_one_output(target, kinds, name, gamma, dynamic):
+    rows = prompts()
+    draft = kinds[name]
+    singles = [speculative_generate(target, draft, row, 24, num_draft_tokens=gamma,
+                                    dynamic_gamma=dynamic) for row in rows]
+    for batch in (2, 4, 8):
+        for start in range(0, len(rows), batch):
+            outputs, stats = speculative_generate_batch(target, draft, rows[start:start + batch], 24,
+                                                        num_draft_tokens=gamma, dynamic_gamma=dynamic)
+            assert outputs == [new for new, _ in singles[start:start + batch]], (name, batch, start)
+            assert stats.generations == len(outputs) and stats.generated_tokens == sum(map(len, outputs))
+            if not dynamic:  # the same proposals row by row: the same counters, summed
+                alone = [s for _, s in singles[start:start + batch]]
+                assert (stats.steps, stats.draft_tokens, stats.accepted_tokens) == (
+                    sum(s.steps for s in alone), sum(s.draft_tokens for s in alone), sum(s.accepted_tokens for s in alone))
+                assert stats.accepted_per_position == sum((s for s in alone), type(stats)()).accepted_per_position
+                assert sorted(stats.request_tars) == sorted(t for s in alone for t in s.request_tars)
+
+
+def test_autoregressive_batch_equals_rows_alone(target):
+    rows = prompts()
+    outputs, stats = autoregressive_generate_batch(target, rows, 20)
+    assert outputs == [autoregressive_generate(target, row, 20)[0] for row in rows]
+    assert stats.baseline_tokens == 8 * 20 and stats.baseline_seconds > 0
+
+
+def test_rows_leave_at_eos_budget_and_stop(target, kinds):
+    rows = prompts()
+    full = [hf_greedy(target, torch.tensor([row]), 30) for row in rows]
+    eos = full[0][5]  # row 0 ends at its 6th token at the latest; others where they produce it, if at all
+    stops = [None, lambda new: len(new) >= 3, None, None, lambda new: 9 in new, None, None, None]
+    outputs, _ = speculative_generate_batch(target, kinds["composite"], rows, 30, num_draft_tokens=4,
+                                            eos_token_id=eos, stops=stops)
+    for row, out, stop in zip(rows, outputs, stops, strict=True):
+        alone, _ = speculative_generate(target, kinds["composite"], row, 30, num_draft_tokens=4,
+                                        eos_token_id=eos, stop=stop)
+        assert out == alone
+    assert len(outputs[0]) <= 6 and outputs[0][-1] == eos
+    assert 3 <= len(outputs[1]) <= 3 + 4 + 1
+
+
+def test_holes_are_squeezed_out(target, kinds, monkeypatch):
+    """Rows that accept little next to one that accepts a lot leave holes; compaction removes them, losslessly."""
+    squeezed = []
+    compact = BatchCache.compact
+
+    def spy(self):
+        before = self.columns
+        compact(self)
+        if self.columns < before:
+            squeezed.append((before, self.columns))
+
+    monkeypatch.setattr(BatchCache, "compact", spy)
+    rows = [[5, 6, 7, 8] * 6, *prompts(4)[:3]]
+    outputs, _ = speculative_generate_batch(target, kinds["prompt-lookup"], rows, 120, num_draft_tokens=8)
+    assert squeezed, "no compaction happened"
+    assert outputs == [speculative_generate(target, kinds["prompt-lookup"], row, 120, num_draft_tokens=8)[0]
+                       for row in rows]
+
+
+def test_seeded_sampling_rows_equal_their_batch_one_output(target, kinds):
+    rows = prompts()
+    draft = kinds["composite"]
+    alone = [speculative_generate(target, draft, row, 16, do_sample=True, seed=3, temperature=0.9)[0] for row in rows]
+    together, _ = speculative_generate_batch(target, draft, rows, 16, do_sample=True, seed=3, temperature=0.9)
+    assert together == alone
+
+
+@pytest.mark.parametrize("draft_kind", ["model", "prompt-lookup"])
+def test_sampling_at_batch_four_follows_target_distribution(draft_kind):
+    from specdraft_eval.drafts.model import ModelDrafter
+    from specdraft_eval.drafts.prompt_lookup import PromptLookupDrafter
+
+    target = tiny_llama(seed=0, vocab=VOCAB)
+    draft = (ModelDrafter(tiny_llama(seed=7, vocab=VOCAB, layers=1), "d", VOCAB) if draft_kind == "model"
+             else PromptLookupDrafter())
+    setting = {"temperature": 0.9, "top_k": 6}
+    expected = exact_joint(target, Sampler(True, **setting))
+    torch.manual_seed(0)  # seed=None: the rows draw from the global generator, one stream shared by the batch
+    samples, counts = [], Counter()
+    for _ in range(SAMPLES // 4):
+        outputs, stats = speculative_generate_batch(target, draft, [PROMPT] * 4, 3, num_draft_tokens=3,
+                                                    do_sample=True, **setting)
+        samples.extend(outputs)
+        counts.update(drafted=stats.draft_tokens, accepted=stats.accepted_tokens)
+    assert 0 < counts["accepted"] < counts["drafted"]
+    p12, p3 = fit(samples, expected)
+    assert p12 > 1e-3 and p3 > 1e-3, (p12, p3)

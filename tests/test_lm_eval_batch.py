@@ -1,0 +1,60 @@
+"""The real ``lm_eval`` command with ``--batch_size`` 2, 4, 8 and auto, and with two data-parallel processes: every
+document gets batch 1's output, and the two processes' merged record equals one process's counts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli, save_tiny
+
+pytestmark = pytest.mark.slow
+TASK = "specdec_mmlu_cot"
+COUNTS = ("generations", "steps", "draft_tokens", "accepted_tokens", "generated_tokens", "drafted_per_position",
+          "accepted_per_position", "acceptance_length_histogram", "baseline_tokens")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    return save_tiny(tmp_path_factory.mktemp("tiny") / "model", layers=4)
+
+
+def evaluate(tiny: Path, out: Path, *launcher: str, batch_size: str = "1") -> tuple[dict, list]:
+    """One run over 5 documents (odd, so two processes get unequal shares); its specdec block and responses."""
+    args = ["--model", "specdec", "--model_args", f"pretrained={tiny},draft=prompt-lookup|layers:0,baseline=true",
+            "--include_path", "tasks", "--tasks", TASK, "--limit", "5", "--gen_kwargs", "max_gen_toks=24",
+            "--batch_size", batch_size, "--output_path", str(out), "--log_samples"]
+    done = run_cli(*launcher, "-m", "lm_eval", *args) if launcher else run_cli("lm_eval", *args)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(next(out.rglob("results_*.json")).read_text())
+    samples = sorted((json.loads(line) for line in next(out.rglob(f"samples_{TASK}_*.jsonl")).read_text().splitlines()),
+                     key=lambda s: s["doc_id"])
+    return results["config"]["specdec"], [s["resps"] for s in samples]
+
+
+@pytest.fixture(scope="module")
+def batch_one(tiny, tmp_path_factory):
+    return evaluate(tiny, tmp_path_factory.mktemp("b1"))
+
+
+@pytest.mark.parametrize("batch_size", ["2", "4", "8", "auto"])
+def test_batch_sizes_give_batch_one_output(tiny, batch_one, tmp_path, batch_size):
+    block, responses = evaluate(tiny, tmp_path, batch_size=batch_size)
+    reference_block, reference = batch_one
+    assert responses == reference
+    assert block["baseline_mismatches"] == 0
+    assert block["counters"]["generations"] == 5 and block["processes"] == 1
+    assert block["generated_tokens"] == reference_block["generated_tokens"]
+
+
+def test_two_processes_split_the_documents_and_merge_their_records(tiny, batch_one, tmp_path):
+    launcher = ("accelerate", "launch", "--multi_gpu", "--num_processes", "2")  # on CPUs too: see the README
+    block, responses = evaluate(tiny, tmp_path, *launcher)
+    reference_block, reference = batch_one
+    assert block["processes"] == 2
+    # lm-eval appends its padding copy's answer to the padded request's responses (its own behaviour): compare firsts
+    assert [r[0][:1] for r in responses] == [r[0][:1] for r in reference]
+    assert {k: block["counters"][k] for k in COUNTS} == {k: reference_block["counters"][k] for k in COUNTS}
+    assert block["baseline_mismatches"] == 0

@@ -1,0 +1,74 @@
+"""The serving path without vLLM: our drafts as vLLM speculative configs, vLLM's counters as our record."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdraft_eval import SpecdecError
+from specdraft_eval.record import SpecdecRecord
+from specdraft_eval.serving import speculative_config, stats_from_vllm
+
+# One request's speculative-decoding figures as vLLM reported them (vLLM 0.27 per-request metrics, draft model,
+# num_spec_tokens 3): 43 steps, 129 draft tokens, 10 accepted, acceptance histogram [39, 1, 0, 3],
+# mean_acceptance_length 1.2325581395348837, draft_acceptance_rate 0.07751937984496124. As the engine's counters
+# (per position: steps whose draft token i was accepted, i.e. accepting at least i + 1): [4, 3, 3]; generated
+# tokens: 1 from the prefill + 43 steps + 10 accepted.
+RECORDED = {
+    "vllm:spec_decode_num_drafts_total": 43,
+    "vllm:spec_decode_num_draft_tokens_total": 129,
+    "vllm:spec_decode_num_accepted_tokens_total": 10,
+    "vllm:spec_decode_num_accepted_tokens_per_pos": [4, 3, 3],
+    "vllm:generation_tokens_total": 54,
+    "vllm:request_success_total": 1,
+}
+
+
+def test_vllm_counters_fill_the_record_with_vllms_own_figures():
+    stats = stats_from_vllm(RECORDED, num_speculative_tokens=3, wall_seconds=2.0)
+    summary = stats.summary()
+    assert summary["tar"] == pytest.approx(1.2325581395348837)  # vLLM's mean acceptance length
+    assert summary["acceptance_rate"] == pytest.approx(0.07751937984496124)  # vLLM's draft acceptance rate
+    assert summary["acceptance_length_histogram"] == [39, 1, 0, 3]  # vLLM's acceptance histogram
+    assert summary["drafted_per_position"] == [43, 43, 43]
+    assert summary["acceptance_rate_per_position"] == pytest.approx([4 / 43, 3 / 43, 3 / 43])
+    assert summary["tokens_per_second"] == 27.0
+    assert summary["draft_ms_per_token"] is None and summary["verify_ms_per_step"] is None  # not split by vLLM
+    assert summary["loop_overhead"] is None
+    block = SpecdecRecord.new("target", "draft", 3, False, "cpu", {"task": stats}).to_block()
+    again = SpecdecRecord.from_block(block).total  # the record round-trips, so the zoo and leaderboard read it
+    assert (again.steps, again.accepted_tokens, again.acceptance_length_histogram) == (43, 10, [39, 1, 0, 3])
+
+
+def test_unprefixed_names_and_a_difference_of_snapshots_work():
+    plain = {name.removeprefix("vllm:").removesuffix("_total"): value for name, value in RECORDED.items()}
+    before = {"spec_decode_num_drafts": 7, "spec_decode_num_draft_tokens": 21, "spec_decode_num_accepted_tokens": 2,
+              "spec_decode_num_accepted_tokens_per_pos": [1, 1, 0], "generation_tokens": 10, "request_success": 1}
+    later = {k: ([a + b for a, b in zip(v, before[k])] if isinstance(v, list) else v + before[k])
+             for k, v in plain.items()}
+    delta = {k: ([a - b for a, b in zip(v, before[k])] if isinstance(v, list) else v - before[k])
+             for k, v in later.items()}
+    assert stats_from_vllm(delta, 3, 1.0).steps == 43
+
+
+@pytest.mark.parametrize("bad", [
+    {"vllm:spec_decode_num_accepted_tokens_per_pos": [4, 3, 2]},  # does not sum to the accepted count
+    {"vllm:spec_decode_num_draft_tokens_total": 128},  # not drafts × γ
+    {"vllm:generation_tokens_total": 40},  # fewer tokens than the steps need
+])
+def test_inconsistent_counters_are_a_one_line_error(bad):
+    with pytest.raises(SpecdecError, match="inconsistent vLLM counters"):
+        stats_from_vllm(RECORDED | bad, 3, 1.0)
+    with pytest.raises(SpecdecError, match="lack spec_decode_num_drafts"):
+        stats_from_vllm({}, 3, 1.0)
+
+
+def test_draft_kinds_map_to_speculative_configs():
+    assert speculative_config("prompt-lookup", 4) == {"method": "ngram", "num_speculative_tokens": 4,
+                                                      "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    assert speculative_config("prompt-lookup:2-5", 3)["prompt_lookup_min"] == 2
+    assert speculative_config("prompt-lookup:2-5", 3)["prompt_lookup_max"] == 5
+    assert speculative_config("org/draft", 5) == {"model": "org/draft", "num_speculative_tokens": 5}
+    for draft, fix in [("layers:0-3", "zoo prune TARGET --keep 0-3"), ("ngram:dir", "prompt-lookup"),
+                       ("prompt-lookup|org/draft", "serve one of its parts"), ("auto", "zoo recommend")]:
+        with pytest.raises(SpecdecError, match=fix):
+            speculative_config(draft, 4)

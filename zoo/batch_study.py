@@ -1,0 +1,111 @@
+"""``zoo bench --batch-size 1,2,4,8``: tokens/s against batch size, speculative and plain, in our batched engine.
+
+Every batch size decodes the same prompts (batch B takes them B at a time), greedily, speculative and plain
+interleaved in each repeat, after a warm-up. Per draft and batch size: median tokens/s [min–max over repeats]
+both ways, their ratio, TAR, the target's and the draft's KV-cache bytes per token (at the weights' dtype) and
+peak memory of one batch each way. Each row's output must equal plain decoding of that prompt alone, token for
+token. The study says up to which batch size speculation pays.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+
+import torch
+
+from specdraft_eval.engine import autoregressive_generate_batch, speculative_generate_batch
+from specdraft_eval.errors import SpecdecError
+from specdraft_eval.record import hardware, model_facts
+from zoo.bench import peak_memory_mb, weight_bytes
+
+SCHEMA_VERSION = 1
+
+
+def parse_batch_sizes(text: str) -> list[int]:
+    try:
+        sizes = sorted({int(b) for b in text.split(",") if b.strip()})
+    except ValueError:
+        raise SpecdecError(f"bad --batch-size {text!r}: use integers >= 1 such as 1,2,4,8") from None
+    if not sizes or sizes[0] < 1:
+        raise SpecdecError(f"bad --batch-size {text!r}: use integers >= 1 such as 1,2,4,8")
+    return sizes
+
+
+def _kv_bytes_per_token(model) -> int:
+    """KV-cache bytes per token at the model's own dtype (``model_facts`` counts bf16); 0 without a model."""
+    if model is None:
+        return 0
+    return model_facts(model)["kv_bytes_per_token"] // 2 * model.dtype.itemsize
+
+
+def _batches(prompts: list[list[int]], size: int) -> list[list[list[int]]]:
+    return [prompts[i:i + size] for i in range(0, len(prompts), size)]
+
+
+def run_batch_study(target, tokenizer, drafters: list, prompts: list[str], batch_sizes: list[int], gamma: int,
+                    repeats: int, max_new_tokens: int, on_run: Callable[[], None] = lambda: None) -> dict:
+    """Run the study (see the module docstring); raise :class:`SpecdecError` naming a prompt whose output
+    differs from plain decoding."""
+    ids = [tokenizer(p).input_ids[-512:] for p in prompts]  # long few-shot prompts: keep prefill comparable
+    autoregressive_generate_batch(target, [ids[0]], min(8, max_new_tokens))  # warm-up
+    expected = [autoregressive_generate_batch(target, [row], max_new_tokens)[0][0] for row in ids]
+    rows = []
+    for drafter in drafters:
+        for size in batch_sizes:
+            speculative_generate_batch(target, drafter, ids[:size], min(8, max_new_tokens), gamma)  # warm-up shapes
+            autoregressive_generate_batch(target, ids[:size], min(8, max_new_tokens))
+            spec, plain, tars = [], [], []
+            for _ in range(repeats):
+                tokens = seconds = base_tokens = base_seconds = steps = accepted = 0
+                for batch_index, batch in enumerate(_batches(ids, size)):
+                    outputs, stats = speculative_generate_batch(target, drafter, batch, max_new_tokens, gamma)
+                    for offset, output in enumerate(outputs):
+                        if output != expected[batch_index * size + offset]:
+                            raise SpecdecError(
+                                f"batch {size}, draft {drafter.name}: prompt {batch_index * size + offset} differs "
+                                "from plain decoding: a bug, please report it with this command")
+                    tokens, seconds = tokens + stats.generated_tokens, seconds + stats.decode_seconds
+                    steps, accepted = steps + stats.steps, accepted + stats.accepted_tokens
+                    _, base = autoregressive_generate_batch(target, batch, max_new_tokens)
+                    base_tokens, base_seconds = base_tokens + base.baseline_tokens, base_seconds + base.baseline_seconds
+                    on_run()
+                spec.append(tokens / seconds)
+                plain.append(base_tokens / base_seconds)
+                tars.append((accepted + steps) / steps if steps else None)
+            resident = weight_bytes(target, getattr(drafter, "model", None))
+            first = ids[:size]
+            rows.append({
+                "draft": drafter.name, "batch_size": size,
+                "tokens_per_second": _spread(spec), "plain_tokens_per_second": _spread(plain),
+                "speedup": statistics.median(s / p for s, p in zip(spec, plain, strict=True)),
+                "tar": tars[0],
+                "target_kv_bytes_per_token": _kv_bytes_per_token(target),
+                "draft_kv_bytes_per_token": _kv_bytes_per_token(getattr(drafter, "model", None)),
+                "peak_mb": peak_memory_mb(lambda: speculative_generate_batch(target, drafter, first, max_new_tokens,
+                                                                             gamma), target.device, resident),
+                "plain_peak_mb": peak_memory_mb(lambda: autoregressive_generate_batch(target, first, max_new_tokens),
+                                                target.device, weight_bytes(target)),
+            })
+    pays = {}
+    for drafter in drafters:
+        paying = [r["batch_size"] for r in rows if r["draft"] == drafter.name and r["speedup"] > 1]
+        pays[drafter.name] = max(paying) if paying else None
+    return {"schema_version": SCHEMA_VERSION, "hardware": hardware(target.device), "dtype": str(target.dtype),
+            "threads": torch.get_num_threads(), "prompts": len(prompts), "max_new_tokens": max_new_tokens,
+            "num_draft_tokens": gamma, "repeats": repeats, "rows": rows, "pays_up_to_batch": pays}
+
+
+def _spread(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def table_rows(result: dict) -> list[dict]:
+    def spread(s: dict) -> str:
+        return f"{s['median']:.1f} [{s['min']:.1f}–{s['max']:.1f}]"
+
+    return [{"draft": r["draft"], "batch": r["batch_size"], "tok/s": spread(r["tokens_per_second"]),
+             "plain tok/s": spread(r["plain_tokens_per_second"]), "speedup": round(r["speedup"], 2),
+             "TAR": round(r["tar"], 2) if r["tar"] else None, "target KV B/tok": r["target_kv_bytes_per_token"],
+             "draft KV B/tok": r["draft_kv_bytes_per_token"], "peak MB": round(r["peak_mb"]),
+             "plain peak MB": round(r["plain_peak_mb"])} for r in result["rows"]]
