@@ -62,7 +62,7 @@ class GenerationStats:
     request_tars: list[float] = field(default_factory=list)
     prompt_tokens: int = 0
 
-    def __add__(self, other: "GenerationStats") -> "GenerationStats":
+    def __add__(self, other: GenerationStats) -> GenerationStats:
         merged = {}
         for f in fields(self):
             a, b = getattr(self, f.name), getattr(other, f.name)

@@ -14,7 +14,10 @@ from collections.abc import Callable
 
 import torch
 
-from specdraft_eval.engine import autoregressive_generate_batch, speculative_generate_batch
+from specdraft_eval.engine import (
+    autoregressive_generate_batch,
+    speculative_generate_batch,
+)
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.record import hardware, model_facts
 from zoo.bench import peak_memory_mb, weight_bytes
