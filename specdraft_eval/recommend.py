@@ -39,11 +39,12 @@ class Recommendation:
 
 
 def _part_path(part: str, kinds) -> Path | None:
-    """The file or folder a draft part needs: a model path, or an ``ngram:DIR``'s directory; None for built-ins."""
+    """The file or folder a draft part needs: a model path, or the directory of a kind that takes one
+    (``path_marker``, e.g. ``ngram:DIR``); None for kinds without files."""
     kind, _, arg = part.partition(":")
-    if kind == "ngram":
-        return Path(os.path.expanduser(arg))
-    return None if kind in kinds else Path(os.path.expanduser(part))
+    if kind in kinds:
+        return Path(os.path.expanduser(arg)) if getattr(kinds[kind], "path_marker", None) else None
+    return Path(os.path.expanduser(part))
 
 
 def _localised(draft: str) -> str | None:

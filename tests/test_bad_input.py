@@ -13,10 +13,9 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
+from conftest import run_cli, save_tiny
 from typer.testing import CliRunner
 
-from conftest import run_cli, save_tiny, tiny_llama, word_tokenizer
 from specdraft_eval import SpecdecError, load_target, speculative_generate
 from specdraft_eval.drafts import load_draft
 from specdraft_eval.drafts.prompt_lookup import PromptLookupDrafter
@@ -152,6 +151,8 @@ ZOO_ERRORS = {
     "profile unknown target": (["profile", "--target", "no-such-target"], "unknown model 'no-such-target'"),
     "bench gamma 0": (["bench", "--target", "{tiny}", "--draft", "prompt-lookup", "--gamma", "0"], "--gamma 0 must be >= 1"),
     "bench unknown draft": (["bench", "--target", "{tiny}", "--draft", "no-such-draft"], "unknown model"),
+    "bench batch size 0": (["bench", "--target", "{tiny}", "--batch-size", "0,2"], "bad --batch-size '0,2'"),
+    "bench batch size non-numeric": (["bench", "--target", "{tiny}", "--batch-size", "two"], "bad --batch-size"),
     "rank gamma non-numeric": (["rank", "--target", "{tiny}", "--gpu", "h100", "--gamma", "x"], "bad --gamma"),
     "prune 0 layers": (["prune", "{tiny}", "--layers", "0", "--out", "{tmp}/d"], "outside 1.."),
     "ngram 0 new tokens": (["ngram", "{tiny}", "--new-tokens", "0", "--prompts", "specdec_humaneval", "--out", "{tmp}/n"],
@@ -228,18 +229,33 @@ LM_EVAL_ERRORS = {
 }
 
 
+@pytest.fixture(scope="module")
+def lm_eval_runs(tiny, tmp_path_factory) -> dict:
+    """Every case's real ``lm_eval`` run, three at a time (each is mostly start-up on one core)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def run(case: str):
+        out = tmp_path_factory.mktemp("lm_eval") / "out"
+        extra = ["--gen_kwargs", "max_gen_toks=0"] if case == "max_gen_toks 0" else ["--gen_kwargs", "max_gen_toks=4"]
+        done = run_cli("lm_eval", "--model", "specdec", "--model_args", LM_EVAL_ERRORS[case][0].format(tiny=tiny),
+                       "--include_path", "tasks", "--tasks", "specdec_mmlu_cot", "--limit", "1", "--output_path",
+                       str(out), *extra, env={"OMP_NUM_THREADS": "1"})
+        return done, out
+
+    with ThreadPoolExecutor(3) as pool:
+        return dict(zip(LM_EVAL_ERRORS, pool.map(run, LM_EVAL_ERRORS), strict=True))
+
+
 @pytest.mark.parametrize("case", list(LM_EVAL_ERRORS))
-def test_lm_eval(tiny, tmp_path, case):
-    model_args, message = LM_EVAL_ERRORS[case]
-    extra = ["--gen_kwargs", "max_gen_toks=0"] if case == "max_gen_toks 0" else ["--gen_kwargs", "max_gen_toks=4"]
-    done = run_cli("lm_eval", "--model", "specdec", "--model_args", model_args.format(tiny=tiny), "--include_path",
-                   "tasks", "--tasks", "specdec_mmlu_cot", "--limit", "1", "--output_path", str(tmp_path / "out"), *extra)
+def test_lm_eval(lm_eval_runs, case):
+    message = LM_EVAL_ERRORS[case][1]
+    done, out = lm_eval_runs[case]
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     if message is None:
         assert done.returncode == 0, done.stderr[-3000:]
-        results = json.loads(next((tmp_path / "out").rglob("results_*.json")).read_text())
+        results = json.loads(next(out.rglob("results_*.json")).read_text())
         assert results["config"]["specdec"]["generations"] == 1
     else:
         assert done.returncode != 0
         assert message in done.stderr.strip().splitlines()[-1], done.stderr[-3000:]
-        assert not (tmp_path / "out").exists()
+        assert not out.exists()

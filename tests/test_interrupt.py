@@ -16,12 +16,19 @@ from conftest import BIN, ROOT, run_cli, save_tiny
 from fake_hub import FakeHub
 
 
+def _as_in_a_terminal() -> None:
+    """Ctrl-C's default action, as in a terminal: a suite started in the background (``... &``) hands its
+    children SIGINT ignored, and Python then never raises KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def interrupt(args: list[str], ready: str | Callable[[], bool], sig: signal.Signals, timeout: float = 120,
               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Start ``args``, wait until its stderr shows ``ready`` (or ``ready()`` holds: the work has begun), send
     ``sig``, collect."""
     proc = subprocess.Popen([str(BIN / args[0]), *args[1:]], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, "TOKENIZERS_PARALLELISM": "false", **(env or {})})
+                            env={**os.environ, "TOKENIZERS_PARALLELISM": "false", **(env or {})},
+                            preexec_fn=_as_in_a_terminal)
     chunks: list[bytes] = []
     reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: proc.stderr.read1(4096), b"")), daemon=True)
     reader.start()

@@ -7,10 +7,10 @@ from collections import Counter
 
 import pytest
 import torch
+from conftest import tiny_llama
 from scipy.stats import chisquare
 
-from conftest import tiny_llama
-from specdraft_eval import speculative_generate
+from specdraft_eval import speculative_generate, speculative_generate_batch
 from specdraft_eval.drafts.composite import CompositeDrafter
 from specdraft_eval.drafts.model import ModelDrafter
 from specdraft_eval.drafts.prompt_lookup import PromptLookupDrafter
@@ -19,6 +19,7 @@ from specdraft_eval.sampling import Sampler
 VOCAB = 8
 PROMPT = [3, 1, 4, 1, 5, 1]  # repeats give prompt lookup something to propose
 SAMPLES = 2000
+ROWS = 50  # the chi-square tests sample 50 rows per batched generation
 
 
 @pytest.fixture(scope="module")
@@ -88,12 +89,24 @@ def test_emitted_tokens_follow_target_distribution(target, setting, draft_kind):
     }
     draft = drafts[draft_kind]()
     expected = exact_joint(target, Sampler(True, **setting))
+    torch.manual_seed(SETTINGS.index(setting))  # seed=None: rows draw from the global generator, one after another
     samples, drafted, accepted = [], 0, 0
-    for seed in range(SAMPLES):
-        out, stats = speculative_generate(target, draft, PROMPT, 3, num_draft_tokens=3, do_sample=True, seed=seed, **setting)
-        samples.append(out)
+    for _ in range(SAMPLES // ROWS):  # rows of a batch are independent samples (each is what batch 1 gives it)
+        outputs, stats = speculative_generate_batch(target, draft, [PROMPT] * ROWS, 3, num_draft_tokens=3,
+                                                    do_sample=True, **setting)
+        samples.extend(outputs)
         drafted, accepted = drafted + stats.draft_tokens, accepted + stats.accepted_tokens
     assert 0 < accepted < drafted  # both acceptance and rejection paths were exercised
+    p12, p3 = fit(samples, expected)
+    assert p12 > 1e-3 and p3 > 1e-3, (p12, p3)
+
+
+def test_batch_one_sampling_follows_target_distribution(target):
+    """The same test one request at a time, each with its own seed (the model draft, the first setting)."""
+    draft = ModelDrafter(tiny_llama(seed=7, vocab=VOCAB, layers=1), "d", VOCAB)
+    expected = exact_joint(target, Sampler(True))
+    samples = [speculative_generate(target, draft, PROMPT, 3, num_draft_tokens=3, do_sample=True, seed=seed)[0]
+               for seed in range(SAMPLES)]
     p12, p3 = fit(samples, expected)
     assert p12 > 1e-3 and p3 > 1e-3, (p12, p3)
 

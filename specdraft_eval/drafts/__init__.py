@@ -2,8 +2,10 @@
 
 A draft string ``KIND[:ARG]`` names a kind from the ``specdraft_eval.drafts`` entry-point group (another
 package adds a kind by declaring ``KIND = "pkg.module:build"`` there, where ``build(arg, target,
-tokenizer)`` returns a :class:`~specdraft_eval.drafts.base.Drafter`). Anything else is a separate causal LM:
-an alias, a local directory, a GGUF file or a hub id, whose tokenizer must match the target's.
+tokenizer)`` returns a :class:`~specdraft_eval.drafts.base.Drafter`). A kind whose argument is a directory says
+so with ``build.path_marker = FILE`` (a file every such directory holds): ``auto`` then checks the directory
+exists, and the directory named on its own loads as that kind. Anything else is a separate causal LM: an alias,
+a local directory, a GGUF file or a hub id, whose tokenizer must match the target's.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from specdraft_eval import kernels
 from specdraft_eval.drafts.base import Drafter, Proposal
 from specdraft_eval.drafts.composite import SEPARATOR, CompositeDrafter
 from specdraft_eval.drafts.model import DRAFT_VOCAB_FILE, ModelDrafter
-from specdraft_eval.drafts.ngram import NGRAM_FILE
 from specdraft_eval.errors import SpecdecError
 
 ENTRY_POINT_GROUP = "specdraft_eval.drafts"
@@ -70,8 +71,11 @@ def load_draft(spec: str, target, tokenizer) -> Drafter:
         return CompositeDrafter([load_draft(part, target, tokenizer) for part in parts])
     kind, _, arg = spec.partition(":")
     kinds = draft_kinds()
-    if (Path(os.path.expanduser(spec)) / NGRAM_FILE).is_file():  # a `zoo ngram` directory named on its own
-        kind, arg = "ngram", spec
+    for name, build in kinds.items():  # a directory a kind recognises, named on its own (e.g. `zoo ngram`'s)
+        marker = getattr(build, "path_marker", None)
+        if marker and (Path(os.path.expanduser(spec)) / marker).is_file():
+            kind, arg = name, spec
+            break
     if kind in kinds:
         return kinds[kind](arg or None, target, tokenizer)
     from specdraft_eval.targets import load_target

@@ -87,3 +87,6 @@ def build(arg: str | None, target, tokenizer) -> NGramDrafter:
     if not arg:
         raise SpecdecError("ngram needs a directory: ngram:DIR, built by `zoo ngram TARGET --out DIR`")
     return NGramDrafter(load_continuations(Path(arg), tokenizer), name=f"ngram:{arg}")
+
+
+build.path_marker = NGRAM_FILE  # ngram's argument is a directory, recognisable by this file in it
