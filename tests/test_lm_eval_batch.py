@@ -38,9 +38,22 @@ def batch_one(tiny, tmp_path_factory):
     return evaluate(tiny, tmp_path_factory.mktemp("b1"))
 
 
-@pytest.mark.parametrize("batch_size", ["2", "4", "8", "auto"])
-def test_batch_sizes_give_batch_one_output(tiny, batch_one, tmp_path, batch_size):
-    block, responses = evaluate(tiny, tmp_path, batch_size=batch_size)
+BATCH_SIZES = ["2", "4", "8", "auto"]
+
+
+@pytest.fixture(scope="module")
+def batched(tiny, tmp_path_factory) -> dict:
+    """The run at each batch size, two at a time (each is mostly start-up on one core)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as pool:
+        runs = pool.map(lambda size: evaluate(tiny, tmp_path_factory.mktemp(f"b{size}"), batch_size=size), BATCH_SIZES)
+        return dict(zip(BATCH_SIZES, runs, strict=True))
+
+
+@pytest.mark.parametrize("batch_size", BATCH_SIZES)
+def test_batch_sizes_give_batch_one_output(batched, batch_one, batch_size):
+    block, responses = batched[batch_size]
     reference_block, reference = batch_one
     assert responses == reference
     assert block["baseline_mismatches"] == 0

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 TASKS = ["specdec_humaneval", "specdec_mmlu_cot"]
 LIMIT = "4"
 COMMON = ["--include_path", "tasks", "--tasks", *TASKS, "--limit", LIMIT, "--confirm_run_unsafe_code",
-          "--gen_kwargs", "max_gen_toks=48", "--log_samples"]
+          "--gen_kwargs", "max_gen_toks=32", "--log_samples"]
 SPECDEC_KEYS = {
     "target", "draft", "num_draft_tokens", "steps", "draft_tokens", "accepted_tokens", "generated_tokens", "tar",
     "accepted_per_step", "acceptance_rate", "drafted_per_position", "accepted_per_position",

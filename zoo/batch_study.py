@@ -25,16 +25,6 @@ from zoo.bench import peak_memory_mb, weight_bytes
 SCHEMA_VERSION = 1
 
 
-def parse_batch_sizes(text: str) -> list[int]:
-    try:
-        sizes = sorted({int(b) for b in text.split(",") if b.strip()})
-    except ValueError:
-        raise SpecdecError(f"bad --batch-size {text!r}: use integers >= 1 such as 1,2,4,8") from None
-    if not sizes or sizes[0] < 1:
-        raise SpecdecError(f"bad --batch-size {text!r}: use integers >= 1 such as 1,2,4,8")
-    return sizes
-
-
 def _kv_bytes_per_token(model) -> int:
     """KV-cache bytes per token at the model's own dtype (``model_facts`` counts bf16); 0 without a model."""
     if model is None:

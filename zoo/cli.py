@@ -83,14 +83,15 @@ def _busy_threads() -> bool:
     return any(t is not main and t.is_alive() and not t.daemon for t in threading.enumerate())
 
 
-def parse_gammas(text: str) -> list[int]:
+def parse_positive_ints(text: str, option: str = "--gamma") -> list[int]:
+    """``"1,2,4,8"`` -> ``[1, 2, 4, 8]`` (sorted, distinct, each >= 1), or a one-line error naming ``option``."""
     try:
-        gammas = sorted({int(g) for g in text.split(",") if g.strip()})
+        values = sorted({int(v) for v in text.split(",") if v.strip()})
     except ValueError:
-        raise SpecdecError(f"bad --gamma {text!r}: use integers >= 1 such as 1,2,4,8") from None
-    if not gammas or gammas[0] < 1:
-        raise SpecdecError(f"bad --gamma {text!r}: use integers >= 1 such as 1,2,4,8")
-    return gammas
+        values = []
+    if not values or values[0] < 1:
+        raise SpecdecError(f"bad {option} {text!r}: use integers >= 1 such as 1,2,4,8")
+    return values
 
 
 def emit(rows: list[dict] | dict, as_json: bool, headers: list[str] | None = None, floatfmt: str = ".3g") -> None:
@@ -273,7 +274,7 @@ def profile(
     from specdraft_eval.drafts import load_draft
     from specdraft_eval.targets import load_target
 
-    gammas = parse_gammas(gamma)
+    gammas = parse_positive_ints(gamma)
     model, tokenizer = load_target(target, kernels=kernels)
     drafters = [load_draft(name, model, tokenizer) for name in drafts or ["prompt-lookup"]]
     data = prof.measure_and_write(model, target, drafters, gammas, context, repeats, out)
@@ -316,7 +317,7 @@ def rank(
     A named GPU ranks from model shapes alone (catalog or config.json), without weights."""
     from zoo.ranking_run import run_rank
 
-    rows = run_rank(target, gpu, task, measure, drafts, parse_gammas(gamma) if gamma else None,
+    rows = run_rank(target, gpu, task, measure, drafts, parse_positive_ints(gamma) if gamma else None,
                     results or list(DEFAULT_RESULTS), max_new_tokens, runtime)
     if as_json:
         emit(rows, True)
@@ -353,7 +354,7 @@ def validate(
     from specdraft_eval.targets import load_target
     from zoo import validate as validation
 
-    gammas = parse_gammas(gamma)
+    gammas = parse_positive_ints(gamma)
     validation.check_options(prompts, repeats, max_new_tokens)
     texts = task_prompts(task)
     if len(texts) < prompts + validation.PROFILE_PROMPTS:
@@ -417,7 +418,7 @@ def bench(
     if dtype not in ("float32", "bfloat16", "float16"):
         raise SpecdecError(f"bad --dtype {dtype!r}: use float32, bfloat16 or float16")
     benchmark.check_options(gamma, repeats, max_new_tokens)
-    sizes = batch_study.parse_batch_sizes(batch_size) if batch_size is not None else None
+    sizes = parse_positive_ints(batch_size, "--batch-size") if batch_size is not None else None
     texts = benchmark.load_prompts(task, prompts, limit if sizes is None or limit < 1 else max(limit, *sizes))
     model, tokenizer = load_target(target, dtype=dtype, kernels=kernels)
     names = drafts or ["prompt-lookup"]
