@@ -145,7 +145,6 @@ class SpecDecLM(HFLM):
         # dynamic γ learns about the draft over the whole run, not again for every request
         self._gamma_controller = (GammaController.around(self.num_draft_tokens)
                                   if self.dynamic_gamma else None)
-        self._baseline_mismatches = 0
         self._mismatch_details: list[dict] = []
         self._task = "default"
         self._merged: SpecdecRecord | None = None
@@ -210,7 +209,7 @@ class SpecDecLM(HFLM):
             for prompt, new, reference in zip(prompts, outputs, references, strict=True):
                 # a speculative step may run a few tokens past a stop sequence; lm-eval cuts both there
                 if not do_sample and new[: len(reference)] != reference:
-                    self._baseline_mismatches += 1
+                    stats.baseline_mismatches += 1
                     where = divergence(self.model, prompt, new, reference)
                     self._mismatch_details.append({"task": self._task, **(where or {})})
                     log.error("specdec output differs from plain greedy decoding on a %s request: %s", self._task, where)
@@ -263,7 +262,6 @@ class SpecDecLM(HFLM):
             self.dynamic_gamma,
             self.device,
             dict(self._stats),
-            self._baseline_mismatches,
             getattr(self._drafter, "model", None),
             profile_latencies(profile, self._drafter.name),
             self._mismatch_details,

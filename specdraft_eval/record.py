@@ -158,7 +158,6 @@ class SpecdecRecord:
     versions: dict = field(default_factory=dict)
     draft_parameters_m: float = 0.0
     draft_layers: int = 0
-    baseline_mismatches: int = 0
     per_task: dict[str, GenerationStats] = field(default_factory=dict)
     latencies: dict | None = None  # separately measured (a profile): what predicted_tokens_per_second uses
     # per mismatch (at most MAX_MISMATCH_DETAILS): task, first differing token index, both tokens, logit margin
@@ -167,18 +166,22 @@ class SpecdecRecord:
 
     @classmethod
     def new(cls, target: str, draft: str, num_draft_tokens: int, dynamic_gamma: bool, device,
-            per_task: dict[str, GenerationStats], baseline_mismatches: int = 0, draft_model=None,
+            per_task: dict[str, GenerationStats], draft_model=None,
             latencies: dict | None = None, baseline_mismatch_details: list[dict] | None = None) -> "SpecdecRecord":
         """A record of a run on ``device`` now (hardware name and package versions filled in)."""
         facts = model_facts(draft_model)
         return cls(target, draft, num_draft_tokens, dynamic_gamma, hardware(device),
                    {p: _version(p) for p in ("specdraft-eval", "lm-eval", "torch", "transformers")},
-                   facts["parameters_m"], facts["layers"], baseline_mismatches, dict(per_task), latencies,
+                   facts["parameters_m"], facts["layers"], dict(per_task), latencies,
                    list(baseline_mismatch_details or [])[:MAX_MISMATCH_DETAILS])
 
     @property
     def total(self) -> GenerationStats:
         return sum(self.per_task.values(), GenerationStats())
+
+    @property
+    def baseline_mismatches(self) -> int:
+        return self.total.baseline_mismatches
 
     def key(self) -> tuple:
         """What must agree for two records to merge."""
@@ -186,15 +189,15 @@ class SpecdecRecord:
 
     def merge(self, other: "SpecdecRecord") -> "SpecdecRecord":
         """The record of both runs (or of two data-parallel ranks of one run): counters summed per task, times
-        added (so tokens/s is the rate per process and speedup compares like with like), mismatches added,
-        ``processes`` added."""
+        added (so tokens/s is the rate per process and speedup compares like with like), mismatch details
+        concatenated, ``processes`` added."""
         if self.key() != other.key():
             raise SpecdecError(f"cannot merge records of different runs: {self.key()} and {other.key()}")
         tasks = sorted(set(self.per_task) | set(other.per_task))
         per_task = {t: self.per_task.get(t, GenerationStats()) + other.per_task.get(t, GenerationStats()) for t in tasks}
         details = (self.baseline_mismatch_details + other.baseline_mismatch_details)[:MAX_MISMATCH_DETAILS]
-        return replace(self, per_task=per_task, baseline_mismatches=self.baseline_mismatches + other.baseline_mismatches,
-                       baseline_mismatch_details=details, processes=self.processes + other.processes)
+        return replace(self, per_task=per_task, baseline_mismatch_details=details,
+                       processes=self.processes + other.processes)
 
     def to_block(self) -> dict:
         """The ``config.specdec`` block of a results file."""
@@ -221,7 +224,7 @@ class SpecdecRecord:
             "baseline_mismatches": self.baseline_mismatches,
             "baseline_mismatch_details": self.baseline_mismatch_details,
             "counters": total.as_dict(),
-            "per_task": {task: {"generations": s.generations, **s.summary(),
+            "per_task": {task: {"generations": s.generations, "baseline_mismatches": s.baseline_mismatches, **s.summary(),
                                 "predicted_tokens_per_second": predicted(s), "counters": s.as_dict()}
                          for task, s in sorted(self.per_task.items())},
         }
@@ -235,15 +238,28 @@ class SpecdecRecord:
         try:
             reader = _task_counters if block["schema_version"] >= 2 else _task_counters_v1
             per_task = {task: reader(figures) for task, figures in block["per_task"].items()}
+            details = list(block.get("baseline_mismatch_details") or [])
+            _restore_mismatch_counts(per_task, int(block.get("baseline_mismatches", 0)), details)
             return cls(block["target"], block["draft"], int(block["num_draft_tokens"]),
                        bool(block.get("dynamic_gamma", False)), block.get("hardware") or "",
                        block.get("versions") or {}, block.get("draft_parameters_m") or 0.0,
-                       block.get("draft_layers") or 0, int(block.get("baseline_mismatches", 0)), per_task,
-                       block.get("latencies"), list(block.get("baseline_mismatch_details") or []),
+                       block.get("draft_layers") or 0, per_task, block.get("latencies"), details,
                        int(block.get("processes", 1)))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise RecordError(f"{path}: malformed specdec record ({type(exc).__name__}: {exc}); "
                               "regenerate or remove it") from None
+
+
+def _restore_mismatch_counts(per_task: dict[str, GenerationStats], total: int, details: list[dict]) -> None:
+    """Files written before mismatches were counted per task hold only the total: give each task the
+    mismatches its details name, and any beyond the details (or of no named task) to the first task."""
+    if sum(s.baseline_mismatches for s in per_task.values()) >= total or not per_task:
+        return
+    for where in details:
+        if where.get("task") in per_task:
+            per_task[where["task"]].baseline_mismatches += 1
+    first = next(iter(per_task.values()))
+    first.baseline_mismatches += total - sum(s.baseline_mismatches for s in per_task.values())
 
 
 def _task_counters(figures: dict) -> GenerationStats:

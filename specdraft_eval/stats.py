@@ -61,6 +61,7 @@ class GenerationStats:
     acceptance_length_histogram: list[int] = field(default_factory=list)
     request_tars: list[float] = field(default_factory=list)
     prompt_tokens: int = 0
+    baseline_mismatches: int = 0  # greedy requests whose output differed from plain decoding's
 
     def __add__(self, other: GenerationStats) -> GenerationStats:
         merged = {}

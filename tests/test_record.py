@@ -102,15 +102,28 @@ def test_a_baseline_mismatch_is_described_where_it_happened(target):
     assert where["logit_margin"] == pytest.approx(float(logits[baseline[4]] - logits[runner_up]), abs=1e-4)
     assert where["logit_margin"] > 0  # the baseline's greedy token is the argmax
     assert divergence(target, prompt, baseline + [3], baseline) is None  # ran past the end only: no divergence
-    record = SpecdecRecord.new("t", "d", 4, False, "cpu", {"a": GenerationStats()}, baseline_mismatches=1,
-                               baseline_mismatch_details=[{"task": "a", **where}])
+    per_task = {"a": GenerationStats(baseline_mismatches=1), "b": GenerationStats()}
+    record = SpecdecRecord.new("t", "d", 4, False, "cpu", per_task, baseline_mismatch_details=[{"task": "a", **where}])
     block = json.loads(json.dumps(record.to_block()))
     assert block["baseline_mismatch_details"] == [{"task": "a", **where}]
+    assert block["baseline_mismatches"] == 1
+    assert {t: f["baseline_mismatches"] for t, f in block["per_task"].items()} == {"a": 1, "b": 0}  # counted per task
     again = SpecdecRecord.from_block(block)
-    assert again.merge(again).baseline_mismatch_details == [{"task": "a", **where}] * 2
-    old = dict(block)
-    del old["baseline_mismatch_details"]  # files written before the details existed
-    assert SpecdecRecord.from_block(old).baseline_mismatch_details == []
+    merged = again.merge(again)
+    assert merged.baseline_mismatch_details == [{"task": "a", **where}] * 2
+    assert merged.baseline_mismatches == 2 and merged.per_task["a"].baseline_mismatches == 2
+
+
+def test_files_with_only_a_total_of_mismatches_get_per_task_counts_from_their_details():
+    per_task = {"a": GenerationStats(), "b": GenerationStats(baseline_mismatches=2)}
+    block = json.loads(json.dumps(SpecdecRecord.new("t", "d", 4, False, "cpu", per_task).to_block()))
+    for figures in block["per_task"].values():  # as written before the per-task counter existed
+        del figures["counters"]["baseline_mismatches"], figures["baseline_mismatches"]
+    block["baseline_mismatch_details"] = [{"task": "b", "index": 3}, {"task": "b", "index": 0}]
+    read = SpecdecRecord.from_block(block)
+    assert read.baseline_mismatches == 2 and read.per_task["b"].baseline_mismatches == 2
+    del block["baseline_mismatch_details"]  # files written before the details existed: the total is kept
+    assert SpecdecRecord.from_block(block).baseline_mismatches == 2
 
 
 def test_tar_estimate_at_smaller_gamma_from_the_histogram():
