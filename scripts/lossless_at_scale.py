@@ -28,7 +28,7 @@ from specdraft_eval import kernels
 from specdraft_eval.drafts import load_draft
 from specdraft_eval.engine import divergence, speculative_generate
 from specdraft_eval.offline_data import task_prompts
-from specdraft_eval.record import write_json
+from specdraft_eval.files import write_json
 from specdraft_eval.targets import load_target
 
 REPO = Path(__file__).resolve().parents[1]

@@ -17,7 +17,7 @@ from tabulate import tabulate
 
 from specdraft_eval import load_draft, load_target, speculative_generate
 from specdraft_eval.offline_data import task_prompts
-from specdraft_eval.record import atomic_write
+from specdraft_eval.files import atomic_write
 from specdraft_eval.stats import GenerationStats
 
 TASKS = ("specdec_humaneval", "specdec_mmlu_cot")

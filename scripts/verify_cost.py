@@ -16,7 +16,8 @@ from tabulate import tabulate
 
 from specdraft_eval import kernels, kv
 from specdraft_eval.engine import clock, prefill
-from specdraft_eval.record import hardware, write_json
+from specdraft_eval.environment import hardware
+from specdraft_eval.files import write_json
 from specdraft_eval.targets import load_target
 
 KS = (0, 1, 2, 3, 4, 5, 6, 7, 8)

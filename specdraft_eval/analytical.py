@@ -9,6 +9,8 @@ token and ``t_verify`` the target's seconds for one verification step of ``gamma
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 
 def predicted_tokens_per_second(tar: float, gamma: float, t_draft: float, t_verify: float) -> float:
     """Predicted decoding throughput in tokens per second."""
@@ -30,18 +32,36 @@ def steps_by_draft_length(drafted_per_position: list[int], steps: int) -> dict[i
     return {k: at_least[k] - at_least[k + 1] for k in range(len(at_least) - 1) if at_least[k] - at_least[k + 1]}
 
 
-def predicted_from_latencies(stats, latencies: dict) -> float | None:
+@dataclass(frozen=True)
+class Latencies:
+    """Separately measured latencies (a profile's) a prediction needs for one draft: ms to verify k draft
+    tokens (k = 0: a plain step), ms per drafted token, and the draft's own prompt processing per token."""
+
+    t_verify_ms: dict[int, float]
+    t_draft_ms: float
+    draft_prefill_ms_per_token: float = 0.0
+    source: str = ""
+
+    def to_json(self) -> dict:
+        return {"t_verify_ms": {str(k): v for k, v in sorted(self.t_verify_ms.items())}, "t_draft_ms": self.t_draft_ms,
+                "draft_prefill_ms_per_token": self.draft_prefill_ms_per_token, "source": self.source}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Latencies:
+        return cls({int(k): float(v) for k, v in data["t_verify_ms"].items()}, float(data["t_draft_ms"]),
+                   float(data.get("draft_prefill_ms_per_token", 0.0)), data.get("source", ""))
+
+
+def predicted_from_latencies(stats, latencies: Latencies) -> float | None:
     """Tokens/s a run's counts predict with *separately measured* latencies (a profile), never its own seconds.
 
-    ``latencies``: ``t_verify_ms`` {k: ms to verify k draft tokens}, ``t_draft_ms`` (per drafted token) and
-    ``draft_prefill_ms_per_token`` (the draft's own prompt processing). Each step that drafted k tokens
-    costs k·t_draft + t_verify(k) (the mix of k from the per-position counts; with none, every step at the
-    mean γ); the draft reads each prompt once. None when a needed latency is missing.
+    Each step that drafted k tokens costs k·t_draft + t_verify(k) (the mix of k from the per-position counts;
+    with none, every step at the mean γ); the draft reads each prompt once. None when a needed latency is missing.
     """
     if not stats.steps or not stats.generated_tokens:
         return None
-    verify = {int(k): v / 1000 for k, v in latencies["t_verify_ms"].items()}
-    t_draft = latencies["t_draft_ms"] / 1000
+    verify = {k: v / 1000 for k, v in latencies.t_verify_ms.items()}
+    t_draft = latencies.t_draft_ms / 1000
     if stats.drafted_per_position or not stats.draft_tokens:
         mix = steps_by_draft_length(stats.drafted_per_position, stats.steps)
     else:  # no per-position counts (a schema-1 record): every step at the nearest measured γ
@@ -49,5 +69,5 @@ def predicted_from_latencies(stats, latencies: dict) -> float | None:
     if any(k not in verify for k in mix):
         return None
     seconds = sum(n * (k * t_draft + verify[k]) for k, n in mix.items())
-    seconds += stats.prompt_tokens * latencies.get("draft_prefill_ms_per_token", 0.0) / 1000
+    seconds += stats.prompt_tokens * latencies.draft_prefill_ms_per_token / 1000
     return stats.generated_tokens / seconds

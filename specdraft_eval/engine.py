@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -55,21 +55,50 @@ def _check_context(target, prompt: list[int], max_new_tokens: int) -> list[int]:
     return prompt
 
 
-def _eos_ids(target, eos_token_id: int | Sequence[int] | None) -> set[int]:
-    if eos_token_id is None:
-        eos_token_id = getattr(target.generation_config, "eos_token_id", None)
-    if eos_token_id is None:
-        return set()
-    return {int(eos_token_id)} if isinstance(eos_token_id, int) else {int(t) for t in eos_token_id}
+@dataclass(frozen=True)
+class DecodeParams:
+    """One generation request's settings, as transformers' ``GenerationConfig`` or vLLM's ``SamplingParams``:
+    the token budget, γ (or dynamic γ), sampling, the seed and EOS. Every engine entry point takes it after
+    ``(target, draft, prompts)``; per-row stop checks and a shared γ controller are keyword arguments beside it."""
 
+    max_new_tokens: int
+    num_draft_tokens: int = 4
+    dynamic_gamma: bool = False
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    eos_token_id: int | Sequence[int] | None = None
 
-def _setup(target, input_ids, max_new_tokens, do_sample, temperature, top_k, top_p, seed, eos_token_id):
-    """Validate a request; return its prompt tokens, sampler and EOS ids."""
-    if max_new_tokens < 0:
-        raise SpecdecError(f"max_new_tokens must be >= 0 (got {max_new_tokens})")
-    prompt = _check_context(target, _prompt_list(input_ids), max_new_tokens)
-    sampler = Sampler(do_sample, temperature, top_k, top_p, make_generator(seed, target.device))
-    return prompt, sampler, _eos_ids(target, eos_token_id)
+    def __post_init__(self) -> None:
+        gamma = self.num_draft_tokens
+        if not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 1:
+            raise SpecdecError(f"num_draft_tokens must be an integer >= 1 (got {gamma!r})")
+        if self.max_new_tokens < 0:
+            raise SpecdecError(f"max_new_tokens must be >= 0 (got {self.max_new_tokens})")
+        Sampler(self.do_sample, self.temperature, self.top_k, self.top_p)  # one-line errors for bad sampling
+
+    @classmethod
+    def of(cls, params: DecodeParams | int | None, **settings) -> DecodeParams:
+        """``params`` itself (with ``settings`` replaced), or the request that the token budget and ``settings``
+        (fields as keywords, ``max_new_tokens`` among them when no budget is given) name."""
+        if isinstance(params, DecodeParams):
+            return replace(params, **settings) if settings else params
+        return cls(**settings) if params is None else cls(params, **settings)
+
+    def sampler(self, device: torch.device) -> Sampler:
+        """A sampler with a generator of its own, seeded with ``seed`` (each row of a batch gets one)."""
+        return Sampler(self.do_sample, self.temperature, self.top_k, self.top_p, make_generator(self.seed, device))
+
+    def eos(self, target) -> set[int]:
+        """EOS ids: ``eos_token_id``, else the target's generation config's."""
+        eos = self.eos_token_id
+        if eos is None:
+            eos = getattr(target.generation_config, "eos_token_id", None)
+        if eos is None:
+            return set()
+        return {int(eos)} if isinstance(eos, int) else {int(t) for t in eos}
 
 
 def _verify(logits: torch.Tensor, proposal: Proposal, sampler: Sampler) -> tuple[int, int]:
@@ -225,6 +254,7 @@ class _NoDraft:
     """Proposes nothing: the loop then decodes autoregressively, one target token per step."""
 
     name = "none"
+    model = None
 
     def propose(self, tokens: list[int], num_tokens: int, sampler: Sampler) -> Proposal:
         return Proposal([])
@@ -249,18 +279,17 @@ class _Row:
     stats: GenerationStats = field(default_factory=GenerationStats)
 
 
-def _decode(target, draft: Drafter, prompts: list[list[int]], samplers: list[Sampler], eos: set[int],
-            max_new_tokens: int, stops: list[StopCheck | None], num_draft_tokens: int,
+def _decode(target, draft: Drafter, prompts: list[list[int]], params: DecodeParams, *, stops: list[StopCheck | None],
             controller: GammaController | None) -> tuple[list[list[int]], GenerationStats]:
     """The loop every generation runs: prefill all rows, then draft per row, verify all rows in one target pass,
     and let rows leave as they finish. Returns each row's new tokens and the batch's stats (counters summed over
     rows, times once for the batch)."""
-    device = target.device
+    device, eos, max_new_tokens = target.device, params.eos(target), params.max_new_tokens
     start = clock(device)
     cache = prefill(target, prompts)
     decode_start = clock(device)
-    rows = [_Row(i, prompt, draft.fork() if len(prompts) > 1 else draft, sampler, stop)
-            for i, (prompt, sampler, stop) in enumerate(zip(prompts, samplers, stops, strict=True))]
+    rows = [_Row(i, prompt, draft.fork() if len(prompts) > 1 else draft, params.sampler(device), stop)
+            for i, (prompt, stop) in enumerate(zip(prompts, stops, strict=True))]
     for row in rows:
         row.drafter.reset()
         row.stats = GenerationStats(generations=1, prompt_tokens=len(row.prompt))
@@ -268,7 +297,7 @@ def _decode(target, draft: Drafter, prompts: list[list[int]], samplers: list[Sam
     draft_seconds = verify_seconds = 0.0
     while rows:
         t0 = clock(device)
-        gamma = controller.gamma if controller else num_draft_tokens
+        gamma = controller.gamma if controller else params.num_draft_tokens
         proposals = []
         for row in rows:
             budget = min(gamma, max_new_tokens - len(row.new) - 1)
@@ -305,110 +334,59 @@ def _decode(target, draft: Drafter, prompts: list[list[int]], samplers: list[Sam
     return [row.new for row in sorted(finished, key=lambda r: r.index)], total
 
 
-def _check_gamma(num_draft_tokens) -> None:
-    if not isinstance(num_draft_tokens, int) or isinstance(num_draft_tokens, bool) or num_draft_tokens < 1:
-        raise SpecdecError(f"num_draft_tokens must be an integer >= 1 (got {num_draft_tokens!r})")
-
-
 @torch.inference_mode()
-def speculative_generate_batch(
-    target,
-    draft: Drafter,
-    prompts: Sequence,
-    max_new_tokens: int,
-    num_draft_tokens: int = 4,
-    do_sample: bool = False,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    seed: int | None = None,
-    eos_token_id: int | Sequence[int] | None = None,
-    stops: Sequence[StopCheck | None] | None = None,
-    dynamic_gamma: bool = False,
-    gamma_controller: GammaController | None = None,
-) -> tuple[list[list[int]], GenerationStats]:
+def speculative_generate_batch(target, draft: Drafter, prompts: Sequence, params: DecodeParams | int | None = None, *,
+                               stops: Sequence[StopCheck | None] | None = None,
+                               gamma_controller: GammaController | None = None,
+                               **settings) -> tuple[list[list[int]], GenerationStats]:
     """:func:`speculative_generate` for several prompts at once: one target pass verifies every row's draft, rows
     accept different numbers of tokens and leave when they finish (EOS, budget or their own ``stops`` check).
     Each row drafts with its own copy of ``draft``'s state and samples with its own generator seeded with
-    ``seed``, so each row's output is what :func:`speculative_generate` gives for it alone (greedy: token for
-    token). Returns each row's new tokens and the batch's stats (counters summed over rows, wall times once)."""
-    _check_gamma(num_draft_tokens)
+    ``params.seed``, so each row's output is what :func:`speculative_generate` gives for it alone (greedy: token
+    for token). Returns each row's new tokens and the batch's stats (counters summed over rows, wall times once)."""
+    params = DecodeParams.of(params, **settings)
     if not prompts:
         return [], GenerationStats()
-    checked = [_setup(target, prompt, max_new_tokens, do_sample, temperature, top_k, top_p, seed, eos_token_id)
-               for prompt in prompts]
-    if max_new_tokens == 0:
+    checked = [_check_context(target, _prompt_list(prompt), params.max_new_tokens) for prompt in prompts]
+    if params.max_new_tokens == 0:
         return [[] for _ in prompts], GenerationStats(generations=len(prompts),
-                                                       prompt_tokens=sum(len(c[0]) for c in checked))
-    controller = gamma_controller or (GammaController.around(num_draft_tokens) if dynamic_gamma else None)
-    return _decode(target, draft, [c[0] for c in checked], [c[1] for c in checked], checked[0][2], max_new_tokens,
-                   list(stops) if stops is not None else [None] * len(prompts), num_draft_tokens, controller)
+                                                       prompt_tokens=sum(len(c) for c in checked))
+    controller = gamma_controller or (GammaController.around(params.num_draft_tokens) if params.dynamic_gamma else None)
+    return _decode(target, draft, checked, params, stops=list(stops) if stops is not None else [None] * len(prompts),
+                   controller=controller)
 
 
-def speculative_generate(
-    target,
-    draft: Drafter,
-    input_ids,
-    max_new_tokens: int,
-    num_draft_tokens: int = 4,
-    do_sample: bool = False,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    seed: int | None = None,
-    eos_token_id: int | Sequence[int] | None = None,
-    stop: StopCheck | None = None,
-    dynamic_gamma: bool = False,
-    gamma_controller: GammaController | None = None,
-) -> tuple[list[int], GenerationStats]:
+def speculative_generate(target, draft: Drafter, input_ids, params: DecodeParams | int | None = None, *,
+                         stop: StopCheck | None = None, gamma_controller: GammaController | None = None,
+                         **settings) -> tuple[list[int], GenerationStats]:
     """Generate up to ``max_new_tokens`` tokens after ``input_ids`` with ``target``, drafting with ``draft``.
 
-    Returns the new token ids (ending at EOS if one was produced) and the run's :class:`GenerationStats`.
-    ``dynamic_gamma`` lets :class:`~specdraft_eval.gamma.GammaController` choose γ each step (0 to
-    4×``num_draft_tokens``) from this generation's measured latencies and acceptance; pass the same
-    ``gamma_controller`` to every generation of a run to let it learn from all of them (implies dynamic γ).
+    ``params`` is a :class:`DecodeParams`, or the token budget with its other fields as keywords
+    (``speculative_generate(target, draft, ids, 64, num_draft_tokens=4)``). Returns the new token ids (ending at
+    EOS if one was produced) and the run's :class:`GenerationStats`. ``dynamic_gamma`` lets
+    :class:`~specdraft_eval.gamma.GammaController` choose γ each step (0 to 4×``num_draft_tokens``) from this
+    generation's measured latencies and acceptance; pass the same ``gamma_controller`` to every generation of a
+    run to let it learn from all of them (implies dynamic γ).
     """
-    outputs, stats = speculative_generate_batch(
-        target, draft, [_prompt_list(input_ids)], max_new_tokens, num_draft_tokens, do_sample, temperature, top_k,
-        top_p, seed, eos_token_id, [stop], dynamic_gamma, gamma_controller)
+    outputs, stats = speculative_generate_batch(target, draft, [_prompt_list(input_ids)], params, stops=[stop],
+                                                 gamma_controller=gamma_controller, **settings)
     return outputs[0], stats
 
 
-@torch.inference_mode()
-def autoregressive_generate_batch(
-    target,
-    prompts: Sequence,
-    max_new_tokens: int,
-    do_sample: bool = False,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    seed: int | None = None,
-    eos_token_id: int | Sequence[int] | None = None,
-    stops: Sequence[StopCheck | None] | None = None,
-) -> tuple[list[list[int]], GenerationStats]:
+def autoregressive_generate_batch(target, prompts: Sequence, params: DecodeParams | int | None = None, *,
+                                  stops: Sequence[StopCheck | None] | None = None,
+                                  **settings) -> tuple[list[list[int]], GenerationStats]:
     """Plain token-by-token decoding of several prompts through the same loop, cache and timing path (the speedup
     baseline): the speculative loop with a draft that proposes nothing. Stats hold baseline tokens and seconds."""
-    outputs, stats = speculative_generate_batch(
-        target, _NoDraft(), prompts, max_new_tokens, 1, do_sample, temperature, top_k, top_p, seed, eos_token_id, stops)
+    params = replace(DecodeParams.of(params, **settings), num_draft_tokens=1, dynamic_gamma=False)
+    outputs, stats = speculative_generate_batch(target, _NoDraft(), prompts, params, stops=stops)
     return outputs, GenerationStats(baseline_tokens=stats.generated_tokens, baseline_seconds=stats.decode_seconds)
 
 
-def autoregressive_generate(
-    target,
-    input_ids,
-    max_new_tokens: int,
-    do_sample: bool = False,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    seed: int | None = None,
-    eos_token_id: int | Sequence[int] | None = None,
-    stop: StopCheck | None = None,
-) -> tuple[list[int], GenerationStats]:
+def autoregressive_generate(target, input_ids, params: DecodeParams | int | None = None, *,
+                            stop: StopCheck | None = None, **settings) -> tuple[list[int], GenerationStats]:
     """Plain token-by-token decoding of one prompt (:func:`autoregressive_generate_batch` with one row)."""
-    outputs, stats = autoregressive_generate_batch(target, [_prompt_list(input_ids)], max_new_tokens, do_sample,
-                                                   temperature, top_k, top_p, seed, eos_token_id, [stop])
+    outputs, stats = autoregressive_generate_batch(target, [_prompt_list(input_ids)], params, stops=[stop], **settings)
     return outputs[0], stats
 
 

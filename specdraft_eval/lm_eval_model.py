@@ -22,6 +22,7 @@ from lm_eval.models.huggingface import HFLM
 from specdraft_eval import kernels as kernel_paths
 from specdraft_eval.drafts import load_draft
 from specdraft_eval.engine import (
+    DecodeParams,
     autoregressive_generate_batch,
     divergence,
     speculative_generate_batch,
@@ -29,14 +30,9 @@ from specdraft_eval.engine import (
 from specdraft_eval.errors import SpecdecError, one_line, raise_terminated
 from specdraft_eval.gamma import GammaController
 from specdraft_eval.recommend import recommend
-from specdraft_eval.record import (
-    SpecdecRecord,
-    default_profile_path,
-    hardware,
-    model_facts,
-    profile_latencies,
-    read_profile,
-)
+from specdraft_eval.environment import ModelFacts, hardware
+from specdraft_eval.profiles import default_profile_path, read_profile
+from specdraft_eval.record import SpecdecRecord
 from specdraft_eval.report import table
 from specdraft_eval.stats import GenerationStats
 from specdraft_eval.targets import ALIASES, DEFAULT_TARGET, local_dir, resolve
@@ -189,22 +185,18 @@ class SpecDecLM(HFLM):
             )
         temperature = float(generation_kwargs.get("temperature", 0.0) or 0.0)
         do_sample = bool(generation_kwargs.get("do_sample", False)) and temperature > 0
-        sampling = {
-            "do_sample": do_sample,
-            "temperature": temperature if do_sample else 1.0,
-            "top_k": int(generation_kwargs.get("top_k", 0) or 0),
-            "top_p": float(generation_kwargs.get("top_p", 1.0) or 1.0),
-            "seed": self.seed,
-        }
-        max_new_tokens = max_length - context.shape[1]
+        params = DecodeParams(
+            max_length - context.shape[1], self.num_draft_tokens, do_sample=do_sample,
+            temperature=temperature if do_sample else 1.0, top_k=int(generation_kwargs.get("top_k", 0) or 0),
+            top_p=float(generation_kwargs.get("top_p", 1.0) or 1.0), seed=self.seed)
         prompts = [(context[row] if attention_mask is None else context[row][attention_mask[row].bool()]).tolist()
                    for row in range(context.shape[0])]
-        outputs, stats = speculative_generate_batch(
-            self.model, self._drafter, prompts, max_new_tokens, num_draft_tokens=self.num_draft_tokens,
-            stops=[self._stop_check(stop) for _ in prompts], gamma_controller=self._gamma_controller, **sampling)
+        outputs, stats = speculative_generate_batch(self.model, self._drafter, prompts, params,
+                                                    stops=[self._stop_check(stop) for _ in prompts],
+                                                    gamma_controller=self._gamma_controller)
         if self.baseline:
-            references, base_stats = autoregressive_generate_batch(
-                self.model, prompts, max_new_tokens, stops=[self._stop_check(stop) for _ in prompts], **sampling)
+            references, base_stats = autoregressive_generate_batch(self.model, prompts, params,
+                                                                   stops=[self._stop_check(stop) for _ in prompts])
             stats = stats + base_stats
             for prompt, new, reference in zip(prompts, outputs, references, strict=True):
                 # a speculative step may run a few tokens past a stop sequence; lm-eval cuts both there
@@ -227,7 +219,7 @@ class SpecDecLM(HFLM):
             return super()._detect_batch_size(requests, pos)
         import psutil
 
-        per_row = model_facts(self.model)["kv_bytes_per_token"] // 2 * self.model.dtype.itemsize * self.max_length
+        per_row = ModelFacts.of(self.model).kv_bytes_per_token * self.max_length
         fits = psutil.virtual_memory().available // 2 // max(per_row, 1)
         return int(max(1, min(self.max_batch_size or 64, fits)))
 
@@ -262,8 +254,8 @@ class SpecDecLM(HFLM):
             self.dynamic_gamma,
             self.device,
             dict(self._stats),
-            getattr(self._drafter, "model", None),
-            profile_latencies(profile, self._drafter.name),
+            self._drafter.model,
+            profile.latencies(self._drafter.name) if profile else None,
             self._mismatch_details,
         )
 

@@ -21,7 +21,7 @@ vLLM's counters (``LLM.get_metrics()`` or the Prometheus endpoint; with or witho
 
 from __future__ import annotations
 
-from specdraft_eval.drafts.composite import SEPARATOR
+from specdraft_eval.drafts.spec import AUTO, COMPOSITE, MODEL, DraftSpec
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.stats import GenerationStats
 
@@ -31,10 +31,11 @@ COUNTERS = ("spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_deco
 
 def speculative_config(draft: str, num_draft_tokens: int) -> dict:
     """vLLM's ``speculative_config`` for one of our draft specs, or a one-line error saying what to use instead."""
-    if SEPARATOR in draft:
+    spec = DraftSpec.parse(draft)
+    kind, arg = spec.kind, spec.arg
+    if kind == COMPOSITE:
         raise SpecdecError(f"draft {draft!r} is a composite, which vLLM cannot run (one method per config): "
                            "serve one of its parts")
-    kind, _, arg = draft.partition(":")
     if kind == "prompt-lookup":
         low, _, high = (arg or "3").partition("-")
         longest = int(high or low)
@@ -46,9 +47,12 @@ def speculative_config(draft: str, num_draft_tokens: int) -> dict:
                            f"`zoo prune TARGET --keep {arg} --out DIR` and serve draft=DIR")
     if kind == "ngram":
         raise SpecdecError(f"vLLM has no n-gram-table draft ({draft}): serve prompt-lookup (vLLM's ngram) instead")
-    if kind in ("auto", ""):
+    if kind == AUTO:
         raise SpecdecError("resolve draft=auto first (`zoo recommend`), then map the draft it names")
-    return {"model": draft, "num_speculative_tokens": num_draft_tokens}
+    if kind != MODEL:
+        raise SpecdecError(f"vLLM has no counterpart of draft kind {kind!r} ({draft}): serve a draft model or "
+                           "prompt-lookup")
+    return {"model": arg, "num_speculative_tokens": num_draft_tokens}
 
 
 def _counter(metrics: dict, name: str):

@@ -95,19 +95,41 @@ class GenerationStats:
         accepted = sum(count * min(n, gamma) for n, count in enumerate(self.acceptance_length_histogram))
         return (accepted + self.steps) / self.steps
 
-    def summary(self) -> dict:
-        """The figures users read: TAR, acceptance (overall and per position), latencies, throughput, speedup.
+    @property
+    def tar(self) -> float | None:
+        """Tokens emitted per verification step, the target's own included (the paper's TAR)."""
+        return (self.accepted_tokens + self.steps) / self.steps if self.steps else None
 
-        ``loop_overhead`` is the share of decode time outside the draft's and the target's passes; the
-        prediction of throughput needs separately measured latencies (:func:`analytical.predicted_from_latencies`).
+    @property
+    def tokens_per_second(self) -> float | None:
+        return self.generated_tokens / self.decode_seconds if self.decode_seconds > 0 else None
+
+    @property
+    def baseline_tokens_per_second(self) -> float | None:
+        return self.baseline_tokens / self.baseline_seconds if self.baseline_seconds > 0 else None
+
+    @property
+    def speedup(self) -> float | None:
+        """Tokens/s over plain decoding's through the same path (None without a baseline)."""
+        tps, base = self.tokens_per_second, self.baseline_tokens_per_second
+        return tps / base if tps and base else None
+
+    @property
+    def loop_overhead(self) -> float | None:
+        """Share of decode time outside the draft's and the target's passes (None where time is not split)."""
+        if self.decode_seconds > 0 and self.steps and self.verify_seconds > 0:
+            return 1 - (self.draft_seconds + self.verify_seconds) / self.decode_seconds
+        return None
+
+    def summary(self) -> dict:
+        """The figures users read, as the record's JSON writes them: TAR, acceptance (overall and per position),
+        latencies, throughput, speedup. Other modules read the properties above, not these keys.
+
+        The prediction of throughput needs separately measured latencies
+        (:func:`analytical.predicted_from_latencies`).
         """
         steps, drafted = self.steps, self.draft_tokens
-        tar = (self.accepted_tokens + steps) / steps if steps else None
         split = self.verify_seconds > 0  # False for a serving engine's counters: its time is not split
-        t_draft = self.draft_seconds / drafted if drafted else 0.0
-        t_verify = self.verify_seconds / steps if steps and split else None
-        tps = self.generated_tokens / self.decode_seconds if self.decode_seconds > 0 else None
-        base_tps = self.baseline_tokens / self.baseline_seconds if self.baseline_seconds > 0 else None
         per_request = (
             {f"p{q}": _percentile(self.request_tars, q / 100) for q in (10, 50, 90)} if self.request_tars else None
         )
@@ -116,7 +138,7 @@ class GenerationStats:
             "draft_tokens": drafted,
             "accepted_tokens": self.accepted_tokens,
             "generated_tokens": self.generated_tokens,
-            "tar": tar,
+            "tar": self.tar,
             "accepted_per_step": self.accepted_tokens / steps if steps else None,
             "acceptance_rate": self.accepted_tokens / drafted if drafted else None,
             "acceptance_rate_per_position": [  # accepted_i / drafted_i
@@ -128,11 +150,10 @@ class GenerationStats:
             "acceptance_length_histogram": list(self.acceptance_length_histogram),
             "per_request_mean_accepted_length": per_request,
             "mean_num_draft_tokens": drafted / steps if steps else None,
-            "draft_ms_per_token": t_draft * 1000 if drafted and split else None,
-            "verify_ms_per_step": t_verify * 1000 if t_verify is not None else None,
-            "tokens_per_second": tps,
-            "baseline_tokens_per_second": base_tps,
-            "speedup": tps / base_tps if tps and base_tps else None,
-            "loop_overhead": 1 - (self.draft_seconds + self.verify_seconds) / self.decode_seconds
-            if self.decode_seconds > 0 and steps and split else None,
+            "draft_ms_per_token": self.draft_seconds / drafted * 1000 if drafted and split else None,
+            "verify_ms_per_step": self.verify_seconds / steps * 1000 if steps and split else None,
+            "tokens_per_second": self.tokens_per_second,
+            "baseline_tokens_per_second": self.baseline_tokens_per_second,
+            "speedup": self.speedup,
+            "loop_overhead": self.loop_overhead,
         }

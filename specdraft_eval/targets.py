@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specdraft_eval.errors import SpecdecError
-from specdraft_eval.record import atomic_output
+from specdraft_eval.files import atomic_output, cache_root
 
 
 @dataclass(frozen=True)
@@ -46,11 +46,6 @@ class ModelSource:
     @property
     def is_local(self) -> bool:
         return os.path.isdir(self.path)
-
-
-def cache_root() -> Path:
-    """Where converted models live (``$SPECDRAFT_EVAL_CACHE``, else ``~/.cache/specdraft_eval``)."""
-    return Path(os.environ.get("SPECDRAFT_EVAL_CACHE", Path.home() / ".cache" / "specdraft_eval"))
 
 
 def resolve(name: str) -> ModelSource:
@@ -151,4 +146,5 @@ def load_target(name: str, device: str = "cpu", dtype: str = "float32", kernels:
         hint = ("the weights are corrupt or truncated: download or rebuild them" if _damaged(exc) else
                 f"offline? run `zoo pull {name}` with network first, or check the name")
         raise SpecdecError(f"cannot load model {name!r}: {type(exc).__name__}: {first} ({hint})") from exc
+    model.specdraft_name = name  # what draft=auto looks up results by
     return kernel_paths.apply(model.to(device).eval(), kernels), tokenizer

@@ -62,12 +62,12 @@ def smollm2():
     return load_target("smollm2-135m-instruct")
 
 
-def run_cli(*args: str, timeout: int = 900, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run a console script of this environment (``lm_eval``, ``zoo``) as a user would."""
+def run_cli(*args: str, timeout: int = 900, env: dict | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """Run a console script of this environment (``lm_eval``, ``zoo``) as a user would (from ``cwd``)."""
     full_env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", **(env or {})}
     return subprocess.run(
         [str(BIN / args[0]), *args[1:]],
-        cwd=ROOT,
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -179,7 +179,7 @@ def test_zoo_errors(tiny, tmp_path, results, monkeypatch, case):
     (tmp_path / "ro").mkdir()
     (tmp_path / "ro").chmod(0o500)
     if os.geteuid() == 0:  # root writes anywhere: refuse as the kernel would for another user
-        import specdraft_eval.record as record
+        import specdraft_eval.files as record
 
         def refuse(*args, dir=None, **kwargs):
             if str(dir).startswith(str(tmp_path / "ro")):
@@ -201,7 +201,7 @@ def test_zoo_errors(tiny, tmp_path, results, monkeypatch, case):
 
 def test_zoo_full_disk_is_one_line_and_leaves_nothing(results, tmp_path, monkeypatch):
     """ENOSPC while writing (simulated at the one atomic-write helper every file goes through)."""
-    import specdraft_eval.record as record
+    import specdraft_eval.files as record
 
     def full(self, data):
         raise OSError(errno.ENOSPC, "No space left on device")

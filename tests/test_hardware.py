@@ -65,9 +65,10 @@ def test_shapes_from_catalog_config_and_layer_views(tmp_path):
 def test_sweep_fit_recovers_known_constants():
     rows = [{"layers": n, "weight_bytes": b, "ms_per_token": 0.5 * n + b / 16e6} for n, b in
             [(2, 1e8), (4, 2e8), (8, 4e8), (4, 8e8), (4, 3e9)]]
-    fit = fit_sweep(rows)
-    assert fit["per_layer_ms"] == pytest.approx(0.5) and fit["bandwidth_gb_s"] == pytest.approx(16.0)
-    assert fit["max_relative_error"] < 1e-9
+    fit = fit_sweep(rows, "test", "CPU: test", dtype_bytes=4)
+    assert fit.per_layer_ms == pytest.approx(0.5) and fit.bandwidth_gb_s == pytest.approx(16.0)
+    assert fit.max_relative_error < 1e-9 and [r["fitted_ms"] for r in fit.rows] == pytest.approx(
+        [r["ms_per_token"] for r in rows])
 
 
 PAPER_TARGETS = ["huggyllama/llama-65b", "facebook/opt-66b", "meta-llama/Llama-2-70b-hf", "meta-llama/Llama-3.1-8B",
@@ -86,15 +87,14 @@ def test_paper_targets_rank_offline_without_weights(target, tmp_path):
 
 
 def test_rank_names_the_calibration_it_uses(tmp_path):
-    from specdraft_eval.record import write_calibration
+    from specdraft_eval.profiles import Calibration, write_calibration
 
     env = {"SPECDRAFT_EVAL_CACHE": str(tmp_path), "HF_HUB_OFFLINE": "1"}
     import os
 
     os.environ["SPECDRAFT_EVAL_CACHE"] = str(tmp_path)
     try:
-        write_calibration("my-gpu", {"per_layer_ms": 0.2, "bandwidth_gb_s": 900.0, "runtime": "eager",
-                                     "hardware": "NVIDIA Test", "dtype_bytes": 2})
+        write_calibration(Calibration("my-gpu", per_layer_ms=0.2, bandwidth_gb_s=900.0, hardware="NVIDIA Test"))
     finally:
         del os.environ["SPECDRAFT_EVAL_CACHE"]
     done = run_cli("zoo", "rank", "--target", "llama-2-7b", "--gpu", "my-gpu", "--drafts", "layers:0-1",

@@ -26,14 +26,14 @@ def test_the_fastest_loadable_configuration_wins(results):
     choice = recommend(TARGET, results=[results])
     assert (choice.draft, choice.num_draft_tokens, choice.dynamic_gamma) == ("layers:0,1,2,3,4", 3, False)
     assert "1.63x plain decoding (geometric mean" in choice.reason  # sqrt(2.4 * 1.11)
-    missing = next(c for c in choice.candidates if c["draft"] == "drafts/missing")
-    assert not missing["loadable"] and missing["score"] > 1.63  # faster, but it does not load here
+    missing = next(c for c in choice.candidates if c.draft == "drafts/missing")
+    assert not missing.loadable and missing.score > 1.63  # faster, but it does not load here
     assert recommend(TARGET, "specdec_mmlu_cot", [results]).draft == "prompt-lookup:3"  # ties: the first scanned
 
 
 def test_measurements_from_this_hardware_come_first(results):
     """The records say "CPU: ..." (write_result runs on the CPU): on another machine they still answer, but say so."""
-    from specdraft_eval.record import hardware
+    from specdraft_eval.environment import hardware
 
     here = recommend(TARGET, results=[results], hardware=hardware("cpu"))
     assert here.draft == "layers:0,1,2,3,4" and "not this machine" not in here.reason
@@ -43,6 +43,16 @@ def test_measurements_from_this_hardware_come_first(results):
     data = next((results / "h100").glob("*.json"))
     data.write_text(data.read_text().replace(hardware("cpu"), "NVIDIA H100 80GB HBM3"))
     assert recommend(TARGET, "specdec_humaneval", [results], "NVIDIA H100 80GB HBM3").draft == "prompt-lookup:3"
+
+
+def test_results_of_one_configuration_merge_across_files(results):
+    """Two files of one configuration: one candidate, the median speedup with its spread, both files named
+    (the last file read does not replace the first)."""
+    write_result(results / "rerun", "layers:0,1,2,3,4", 3.0)  # 3.6x on HumanEval where the first run had 2.4x
+    [layers] = [c for c in recommend(TARGET, results=[results]).candidates if c.draft == "layers:0,1,2,3,4"]
+    assert len(layers.files) == 2
+    assert layers.speedup["specdec_humaneval"] == pytest.approx(3.0)  # the median of 2.4 and 3.6
+    assert layers.speedup_spread["specdec_humaneval"] == pytest.approx((2.4, 3.6))
 
 
 def test_without_a_winner_it_is_prompt_lookup_with_dynamic_gamma(results, tmp_path):

@@ -116,7 +116,6 @@ def test_profile_sweep_covers_depth_and_width_and_is_fitted(tmp_path):
     # the fitted line, row by row (how close it comes is a measurement, reported, never pass/fail)
     for r in rows:
         assert r["fitted_ms"] == pytest.approx(fit["per_layer_ms"] * r["layers"] + r["weight_bytes"] / fit["bandwidth_gb_s"] / 1e6)
-    assert all(abs(r["fitted_ms"] / r["ms_per_token"] - 1) <= fit["max_relative_error"] + 1e-9 for r in rows)
     saved = json.loads(Path(fit["path"]).read_text())
     assert saved["per_layer_ms"] == fit["per_layer_ms"] and saved["kind"] == "specdraft_eval.calibration"
     assert_one_line_error(run_cli("zoo", "profile", "--calibrate", "x"), "--calibrate needs --sweep")

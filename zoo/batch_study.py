@@ -19,17 +19,11 @@ from specdraft_eval.engine import (
     speculative_generate_batch,
 )
 from specdraft_eval.errors import SpecdecError
-from specdraft_eval.record import hardware, model_facts
+from specdraft_eval.environment import ModelFacts, hardware
+from specdraft_eval.stats import GenerationStats
 from zoo.bench import peak_memory_mb, weight_bytes
 
 SCHEMA_VERSION = 1
-
-
-def _kv_bytes_per_token(model) -> int:
-    """KV-cache bytes per token at the model's own dtype (``model_facts`` counts bf16); 0 without a model."""
-    if model is None:
-        return 0
-    return model_facts(model)["kv_bytes_per_token"] // 2 * model.dtype.itemsize
 
 
 def _batches(prompts: list[list[int]], size: int) -> list[list[list[int]]]:
@@ -46,37 +40,35 @@ def run_batch_study(target, tokenizer, drafters: list, prompts: list[str], batch
     rows = []
     for drafter in drafters:
         for size in batch_sizes:
-            speculative_generate_batch(target, drafter, ids[:size], min(8, max_new_tokens), gamma)  # warm-up shapes
+            speculative_generate_batch(target, drafter, ids[:size], min(8, max_new_tokens), num_draft_tokens=gamma)  # warm-up shapes
             autoregressive_generate_batch(target, ids[:size], min(8, max_new_tokens))
             spec, plain, tars = [], [], []
             for _ in range(repeats):
-                tokens = seconds = base_tokens = base_seconds = steps = accepted = 0
+                total, base_total = GenerationStats(), GenerationStats()
                 for batch_index, batch in enumerate(_batches(ids, size)):
-                    outputs, stats = speculative_generate_batch(target, drafter, batch, max_new_tokens, gamma)
+                    outputs, stats = speculative_generate_batch(target, drafter, batch, max_new_tokens, num_draft_tokens=gamma)
                     for offset, output in enumerate(outputs):
                         if output != expected[batch_index * size + offset]:
                             raise SpecdecError(
                                 f"batch {size}, draft {drafter.name}: prompt {batch_index * size + offset} differs "
                                 "from plain decoding: a bug, please report it with this command")
-                    tokens, seconds = tokens + stats.generated_tokens, seconds + stats.decode_seconds
-                    steps, accepted = steps + stats.steps, accepted + stats.accepted_tokens
-                    _, base = autoregressive_generate_batch(target, batch, max_new_tokens)
-                    base_tokens, base_seconds = base_tokens + base.baseline_tokens, base_seconds + base.baseline_seconds
+                    total += stats
+                    base_total += autoregressive_generate_batch(target, batch, max_new_tokens)[1]
                     on_run()
-                spec.append(tokens / seconds)
-                plain.append(base_tokens / base_seconds)
-                tars.append((accepted + steps) / steps if steps else None)
-            resident = weight_bytes(target, getattr(drafter, "model", None))
+                spec.append(total.tokens_per_second)
+                plain.append(base_total.baseline_tokens_per_second)
+                tars.append(total.tar)
+            resident = weight_bytes(target, drafter.model)
             first = ids[:size]
             rows.append({
                 "draft": drafter.name, "batch_size": size,
                 "tokens_per_second": _spread(spec), "plain_tokens_per_second": _spread(plain),
                 "speedup": statistics.median(s / p for s, p in zip(spec, plain, strict=True)),
                 "tar": tars[0],
-                "target_kv_bytes_per_token": _kv_bytes_per_token(target),
-                "draft_kv_bytes_per_token": _kv_bytes_per_token(getattr(drafter, "model", None)),
+                "target_kv_bytes_per_token": ModelFacts.of(target).kv_bytes_per_token,
+                "draft_kv_bytes_per_token": ModelFacts.of(drafter.model).kv_bytes_per_token,
                 "peak_mb": peak_memory_mb(lambda: speculative_generate_batch(target, drafter, first, max_new_tokens,
-                                                                             gamma), target.device, resident),
+                                                                             num_draft_tokens=gamma), target.device, resident),
                 "plain_peak_mb": peak_memory_mb(lambda: autoregressive_generate_batch(target, first, max_new_tokens),
                                                 target.device, weight_bytes(target)),
             })

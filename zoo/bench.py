@@ -26,6 +26,7 @@ import torch
 
 from specdraft_eval import kernels
 from specdraft_eval.analytical import predicted_tokens_per_second
+from specdraft_eval.drafts.base import Drafter
 from specdraft_eval.drafts.model import ModelDrafter
 from specdraft_eval.drafts.prompt_lookup import PromptLookupDrafter
 from specdraft_eval.engine import clock, speculative_generate
@@ -82,7 +83,7 @@ class Config:
 
     engine: str
     target: torch.nn.Module
-    drafter: object | None = None
+    drafter: Drafter | None = None
     runs: list[list[Run]] = field(default_factory=list)  # [repeat][prompt]
     peak_mb: float | None = None
     controller: GammaController | None = None  # dynamic γ: one per configuration, learning across its runs
@@ -90,6 +91,10 @@ class Config:
     @property
     def kernels(self) -> str:
         return kernels.kernels_of(self.target)
+
+    @property
+    def draft_model(self) -> torch.nn.Module | None:
+        return self.drafter.model if self.drafter is not None else None
 
     @property
     def draft(self) -> str | None:
@@ -177,7 +182,7 @@ class Bench:
         return run
 
     def run(self, config: Config, ids: torch.Tensor) -> Run:
-        draft_timer = ForwardTimer(getattr(config.drafter, "model", None))
+        draft_timer = ForwardTimer(config.draft_model)
         target_timer = self.timers[id(config.target)]
         fn = self.generate(config, ids)
         target_timer.take()
@@ -291,7 +296,7 @@ def run_bench(target, target_name: str, tokenizer, drafters: list, prompts: list
             config.runs.append(runs[id(config)])
     longest = max(ids, key=lambda t: t.shape[1])
     for config in configs:
-        resident = weight_bytes(config.target, getattr(config.drafter, "model", None))
+        resident = weight_bytes(config.target, config.draft_model)
         config.peak_mb = peak_memory_mb(bench.generate(config, longest), target.device, resident)
     bench.close()
     return summarise(configs, target, target_name, gamma, max_new_tokens, prompts, repeats)
@@ -307,7 +312,7 @@ def _tps(runs: list[Run]) -> float:
 
 def summarise(configs: list[Config], target, target_name: str, gamma: int, max_new_tokens: int, prompts: list[str],
               repeats: int) -> dict:
-    from specdraft_eval.record import hardware
+    from specdraft_eval.environment import hardware
 
     reference = configs[0]
     assisted = {(c.draft, c.kernels): c for c in configs if c.engine == ASSISTED}
@@ -317,7 +322,7 @@ def summarise(configs: list[Config], target, target_name: str, gamma: int, max_n
         flat = [r for runs in config.runs for r in runs]
         wall = sum(r.wall for r in flat)
         target_s, draft_s = sum(sum(r.target_calls) for r in flat), sum(sum(r.draft_calls) for r in flat)
-        draft_only = weight_bytes(target, getattr(config.drafter, "model", None)) - weight_bytes(target)
+        draft_only = weight_bytes(target, config.draft_model) - weight_bytes(target)
         mismatched = sorted({i for runs, ref_runs in zip(config.runs, reference.runs)
                              for i, (r, ref) in enumerate(zip(runs, ref_runs)) if r.tokens != ref.tokens})
         row = {
@@ -366,17 +371,17 @@ def _step_figures(config: Config, flat: list[Run], target_s: float, draft_s: flo
                 "verify_ms_per_step": target_s / steps * 1000 if steps else None,
                 "predicted_tokens_per_second": None, "prediction_deviation": None, "mean_gamma": None}
     stats = sum((r.stats for r in flat), GenerationStats())
-    summary = stats.summary()
     prefill = sum(r.target_calls[0] for r in flat if r.prompt_tokens > 1 and r.target_calls)  # engine._prefill
     verify = (target_s - prefill) / stats.steps if stats.steps else None
     drafted = stats.draft_tokens
     draft_time = draft_s if draft_calls else stats.draft_seconds  # a model-free draft's latency is its lookup
     t_draft = draft_time / drafted if drafted else 0.0
-    predicted = (predicted_tokens_per_second(summary["tar"], drafted / stats.steps, t_draft, verify)
+    predicted = (predicted_tokens_per_second(stats.tar, drafted / stats.steps, t_draft, verify)
                  if stats.steps and verify else None)
-    measured = summary["tokens_per_second"]
-    return {"tar": summary["tar"], "draft_ms_per_token": t_draft * 1000 if drafted else None,
-            "verify_ms_per_step": verify * 1000 if verify else None, "mean_gamma": summary["mean_num_draft_tokens"],
+    measured = stats.tokens_per_second
+    return {"tar": stats.tar, "draft_ms_per_token": t_draft * 1000 if drafted else None,
+            "verify_ms_per_step": verify * 1000 if verify else None,
+            "mean_gamma": drafted / stats.steps if stats.steps else None,
             "predicted_tokens_per_second": predicted,
             "prediction_deviation": predicted / measured - 1 if predicted and measured else None}
 

@@ -20,7 +20,7 @@ from specdraft_eval.errors import (
     one_line,
     terminate_as_interrupt,
 )
-from zoo.rank import DEFAULT_MAX_NEW_TOKENS, DEFAULT_RESULTS, DEFAULT_TASK
+from zoo.rank import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TASK
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="The draft zoo: find, build, profile and rank speculative-decoding drafts for a target.")
@@ -37,7 +37,7 @@ def cli_errors(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from specdraft_eval.record import RecordWarning
+        from specdraft_eval.files import RecordWarning
 
         def show(message, category, *rest, _previous=warnings.showwarning, **kw):
             if issubclass(category, RecordWarning):
@@ -252,24 +252,14 @@ def profile(
     if calibrate and not sweep:
         raise SpecdecError("--calibrate needs --sweep: the calibration is fitted to the depth/width sweep")
     if sweep:
-        from specdraft_eval.record import hardware, write_calibration
-        from zoo.hardware import fit_sweep
-
-        rows = prof.width_depth_sweep(repeats)
-        fit = fit_sweep(rows)
-        for row, fitted in zip(rows, fit.pop("fitted_ms")):
-            row["fitted_ms"] = fitted
-        device = "cuda" if torch_cuda() else "cpu"
-        fit.update(hardware=hardware(device), runtime="eager", dtype_bytes=2 if device == "cuda" else 4)
-        if calibrate:
-            fit["path"] = str(write_calibration(calibrate, {**fit, "rows": rows}))
+        fit, path = prof.sweep(repeats, calibrate)
         if as_json:
-            emit({"rows": rows, "fit": fit}, True)
+            emit({"rows": fit.rows, "fit": {**fit.to_json(), "rows": None, "path": str(path) if path else None}}, True)
             return
-        emit(rows, False)
-        typer.echo(f"fit: ms/token = {fit['per_layer_ms']:.3g} ms × layers + weight bytes / "
-                   f"{fit['bandwidth_gb_s']:.3g} GB/s (max error {fit['max_relative_error']:.1%})"
-                   + (f"; calibration written to {fit['path']} for `zoo rank --gpu {calibrate}`" if calibrate else ""))
+        emit(fit.rows, False)
+        typer.echo(f"fit: ms/token = {fit.per_layer_ms:.3g} ms × layers + weight bytes / "
+                   f"{fit.bandwidth_gb_s:.3g} GB/s (max error {fit.max_relative_error:.1%})"
+                   + (f"; calibration written to {path} for `zoo rank --gpu {calibrate}`" if calibrate else ""))
         return
     from specdraft_eval.drafts import load_draft
     from specdraft_eval.targets import load_target
@@ -277,19 +267,18 @@ def profile(
     gammas = parse_positive_ints(gamma)
     model, tokenizer = load_target(target, kernels=kernels)
     drafters = [load_draft(name, model, tokenizer) for name in drafts or ["prompt-lookup"]]
-    data = prof.measure_and_write(model, target, drafters, gammas, context, repeats, out)
+    data, path = prof.measure_and_write(model, target, drafters, gammas, context, repeats, out)
     if as_json:
-        emit(data, True)
+        emit({**data.to_json(), "path": str(path)}, True)
         return
-    typer.echo(f"target {target} on {data['hardware']}: {data['t_target_ms']:.2f} ms/token autoregressive "
+    typer.echo(f"target {target} on {data.hardware}: {data.t_target_ms:.2f} ms/token autoregressive "
                f"(medians over {repeats} steps on a growing cache of {context}+ tokens; min–max beside)")
-    emit([{"draft tokens k": k, "t_verify_ms": ms,
-           "min–max": "{min:.3g}–{max:.3g}".format(**data["t_verify_spread"][k])}
-          for k, ms in sorted(data["t_verify_ms"].items())], False)
-    emit([{"draft": d, "t_draft_ms": f["t_draft_ms"], "min–max": "{min:.3g}–{max:.3g}".format(**f["t_draft_spread"]),
-           "draft_prefill_ms_per_token": f["draft_prefill_ms_per_token"], "parameters_m": f["parameters_m"],
-           "kv_bytes_per_token": f["kv_bytes_per_token"]} for d, f in data["drafts"].items()], False)
-    typer.echo(f"profile written to {data['path']}")
+    emit([{"draft tokens k": k, "t_verify_ms": s.median, "min–max": str(s)} for k, s in sorted(data.t_verify.items())],
+         False)
+    emit([{"draft": d, "t_draft_ms": f.t_draft_ms, "min–max": str(f.t_draft),
+           "draft_prefill_ms_per_token": f.draft_prefill_ms_per_token, "parameters_m": f.parameters_m,
+           "kv_bytes_per_token": f.kv_bytes_per_token} for d, f in data.drafts.items()], False)
+    typer.echo(f"profile written to {path}")
 
 
 @app.command()
@@ -318,7 +307,7 @@ def rank(
     from zoo.ranking_run import run_rank
 
     rows = run_rank(target, gpu, task, measure, drafts, parse_positive_ints(gamma) if gamma else None,
-                    results or list(DEFAULT_RESULTS), max_new_tokens, runtime)
+                    results or None, max_new_tokens, runtime)
     if as_json:
         emit(rows, True)
         return
@@ -350,7 +339,7 @@ def validate(
     """Check the analytical model: predict tokens/s from a separate profile and measured TAR, then measure."""
     from specdraft_eval.drafts import load_draft
     from specdraft_eval.offline_data import task_prompts
-    from specdraft_eval.record import write_json
+    from specdraft_eval.files import write_json
     from specdraft_eval.targets import load_target
     from zoo import validate as validation
 
@@ -473,7 +462,7 @@ def recommend(
     from dataclasses import asdict
 
     from specdraft_eval.recommend import recommend as choose
-    from specdraft_eval.record import hardware
+    from specdraft_eval.environment import hardware
 
     for path in results or []:
         if not path.exists():
@@ -485,9 +474,9 @@ def recommend(
     typer.echo(f"draft=auto for {target}: draft={choice.draft}, num_draft_tokens={choice.num_draft_tokens}, "
                f"dynamic_gamma={str(choice.dynamic_gamma).lower()}\n  {choice.reason}")
     if choice.candidates:
-        emit([{"draft": c["draft"], "γ": c["num_draft_tokens"], "dynamic γ": c["dynamic_gamma"],
-               "speedup by task": ", ".join(f"{t} {v:.2f}x" for t, v in sorted(c["speedup"].items())),
-               "score": c["score"], "loads here": c["loadable"]} for c in choice.candidates], False, floatfmt=".2f")
+        emit([{"draft": c.draft, "γ": c.num_draft_tokens, "dynamic γ": c.dynamic_gamma,
+               "speedup by task": ", ".join(f"{t} {v:.2f}x" for t, v in sorted(c.speedup.items())),
+               "score": c.score, "loads here": c.loadable} for c in choice.candidates], False, floatfmt=".2f")
 
 
 @app.command()

@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from specdraft_eval.errors import SpecdecError
+from specdraft_eval.profiles import Calibration
 
 RUNTIMES = ("eager", "cuda-graphs")
 A100_GRAPH_LAYER_MS = 0.085
@@ -72,7 +73,7 @@ GPUS = {
 }
 
 
-def accelerator(name: str, calibration: dict | None = None) -> Accelerator:
+def accelerator(name: str, calibration: Calibration | None = None) -> Accelerator:
     """The named accelerator, with a calibration's fitted constants when one is given."""
     key = name.lower().replace("_", "-")
     if key not in GPUS and calibration is None:
@@ -81,10 +82,10 @@ def accelerator(name: str, calibration: dict | None = None) -> Accelerator:
     base = GPUS.get(key, Accelerator(key, 1.0, float("inf"), 0.0))  # a calibrated unknown: no compute bound
     if calibration is None:
         return base
-    return replace(base, bandwidth_gb_s=calibration["bandwidth_gb_s"],
-                   layer_ms={**base.layer_ms, calibration["runtime"]: calibration["per_layer_ms"]},
-                   dtype_bytes=calibration.get("dtype_bytes", base.dtype_bytes),
-                   source=f"calibration ({calibration['hardware']}, {calibration['runtime']})")
+    return replace(base, bandwidth_gb_s=calibration.bandwidth_gb_s,
+                   layer_ms={**base.layer_ms, calibration.runtime: calibration.per_layer_ms},
+                   dtype_bytes=calibration.dtype_bytes,
+                   source=f"calibration ({calibration.hardware}, {calibration.runtime})")
 
 
 @dataclass(frozen=True)
@@ -144,10 +145,10 @@ def forward_seconds(shape: Shape, tokens: int, gpu: Accelerator, runtime: str = 
     return shape.layers * gpu.per_layer_ms(runtime) / 1000 + max(memory, compute)
 
 
-def fit_sweep(rows: list[dict], dtype_bytes: int = 4) -> dict:
+def fit_sweep(rows: list[dict], name: str, hardware: str, dtype_bytes: int) -> Calibration:
     """Least-squares fit of ms per token = a × layers + b × weight bytes to a depth/width sweep (rows with
-    ``layers``, ``weight_bytes`` and ``ms_per_token``); returns the per-layer cost (ms), the bandwidth (GB/s)
-    and each row's fitted value."""
+    ``layers``, ``weight_bytes`` and ``ms_per_token``): the per-layer cost (ms) and the bandwidth (GB/s), with
+    the rows, each given its fitted value (``fitted_ms``)."""
     import numpy as np
 
     x = np.array([[r["layers"], r["weight_bytes"]] for r in rows], dtype=float)
@@ -157,6 +158,6 @@ def fit_sweep(rows: list[dict], dtype_bytes: int = 4) -> dict:
         raise SpecdecError("the sweep does not fit a positive per-layer cost and bandwidth: rerun it with more "
                            "--repeats on a quieter machine")
     fitted = x @ np.array([a, b])
-    return {"per_layer_ms": float(a), "bandwidth_gb_s": float(1 / b / 1e6), "dtype_bytes": dtype_bytes,
-            "fitted_ms": [float(v) for v in fitted],
-            "max_relative_error": float(np.max(np.abs(fitted - y) / y))}
+    rows = [{**row, "fitted_ms": float(v)} for row, v in zip(rows, fitted, strict=True)]
+    return Calibration(name, float(a), float(1 / b / 1e6), hardware, "eager", dtype_bytes,
+                       float(np.max(np.abs(fitted - y) / y)), rows)

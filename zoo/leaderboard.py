@@ -16,7 +16,8 @@ from pathlib import Path
 from tabulate import tabulate
 
 from specdraft_eval.errors import SpecdecError
-from specdraft_eval.record import ResultsFile, atomic_write, scan_results
+from specdraft_eval.files import atomic_write
+from specdraft_eval.record import ResultsFile, scan_results
 from specdraft_eval.report import positions
 
 COLUMNS = [

@@ -17,7 +17,7 @@ import torch
 from specdraft_eval.drafts.ngram import save_continuations
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.offline_data import task_prompts
-from specdraft_eval.record import atomic_output
+from specdraft_eval.files import atomic_output
 from zoo.prune import HELD_OUT
 
 DEFAULT_PROMPTS = "default"

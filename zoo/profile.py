@@ -9,7 +9,17 @@ import torch
 
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.kernels import kernels_of
-from specdraft_eval.record import default_profile_path, hardware, model_facts, read_profile, write_profile
+from specdraft_eval.environment import ModelFacts, default_device, hardware
+from specdraft_eval.profiles import (
+    Calibration,
+    DraftTiming,
+    Profile,
+    Spread,
+    default_profile_path,
+    read_profile,
+    write_calibration,
+    write_profile,
+)
 from specdraft_eval.sampling import Sampler
 
 
@@ -20,21 +30,17 @@ def context_tokens(length: int, vocab: int) -> list[int]:
     return torch.randint(0, vocab, (length,), generator=torch.Generator().manual_seed(0)).tolist()
 
 
-def spread(samples: list[float]) -> dict:
-    """Median, min and max of samples in seconds, as milliseconds."""
-    return {"median": statistics.median(samples) * 1000, "min": min(samples) * 1000, "max": max(samples) * 1000,
-            "n": len(samples)}
-
-
 @torch.inference_mode()
-def engine_latency(target, drafters: list, gammas: list[int], prompts: list[list[int]], steps: int) -> dict:
+def engine_latency(target, drafters: list, gammas: list[int], prompts: list[list[int]],
+                   steps: int) -> tuple[dict[int, Spread], dict[str, DraftTiming]]:
     """Latencies as a generation experiences them, on the engine's own code and clock.
 
     For each prompt: prefill the target as the engine does, then for ``steps`` steps (after a warm-up) on a
     cache that grows by the target's own next token each step: time each draft's ``propose`` at every γ and
     the target's :func:`~specdraft_eval.engine.verify_step` of k = max(γ)..0 draft tokens, rolling the cache
-    back after each, exactly as a speculative step does. Returns spreads (ms): ``t_verify`` per k, and per draft
-    ``t_draft`` per drafted token and ``draft_prefill_per_token`` (its first read of a prompt, per prompt token).
+    back after each, exactly as a speculative step does. Returns spreads of ``t_verify`` per k, and per draft
+    its :class:`DraftTiming` (``t_draft`` per drafted token, ``draft_prefill_ms_per_token``: its first read of a
+    prompt, per prompt token).
     """
     from specdraft_eval.drafts.base import Proposal
     from specdraft_eval.engine import clock, prefill, verify_step
@@ -74,11 +80,13 @@ def engine_latency(target, drafters: list, gammas: list[int], prompts: list[list
             tokens.append(next_token)
     drafts = {}
     for drafter in drafters:
-        draft = spread(per_token[drafter.name] or per_call[drafter.name])
+        draft = Spread.of_seconds(per_token[drafter.name] or per_call[drafter.name])
         # the first propose reads the prompt in place of one single-token draft forward
-        extra = [max(seconds - draft["median"] / 1000, 0.0) / length for seconds, length in first_read[drafter.name]]
-        drafts[drafter.name] = {"t_draft": draft, "draft_prefill_per_token": statistics.median(extra) * 1000}
-    return {"t_verify": {k: spread(v) for k, v in verify.items()}, "drafts": drafts}
+        extra = [max(seconds - draft.median / 1000, 0.0) / length for seconds, length in first_read[drafter.name]]
+        facts = ModelFacts.of(drafter.model)
+        drafts[drafter.name] = DraftTiming(draft, statistics.median(extra) * 1000, facts.parameters_m,
+                                           facts.kv_bytes_per_token)
+    return {k: Spread.of_seconds(v) for k, v in verify.items()}, drafts
 
 
 @torch.inference_mode()
@@ -88,7 +96,7 @@ def width_depth_sweep(repeats: int = 7, context: int = 128) -> list[dict]:
     the models run there in bfloat16; each row says the bytes of weights one step reads."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = default_device()
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
 
     def run(layers: int, hidden: int, group: str) -> dict:
@@ -99,7 +107,7 @@ def width_depth_sweep(repeats: int = 7, context: int = 128) -> list[dict]:
         )
         torch.manual_seed(0)
         model = LlamaForCausalLM(config).to(device, dtype).eval()
-        ms = engine_latency(model, [], [], [context_tokens(context, 1024)], repeats)["t_verify"][0]["median"]
+        ms = engine_latency(model, [], [], [context_tokens(context, 1024)], repeats)[0][0].median
         params = sum(p.numel() for p in model.model.layers.parameters())
         streamed = sum(p.numel() for p in model.parameters()) - model.get_input_embeddings().weight.numel()
         return {"group": group, "layers": layers, "hidden_size": hidden, "layer_params_m": params / 1e6,
@@ -112,9 +120,9 @@ def width_depth_sweep(repeats: int = 7, context: int = 128) -> list[dict]:
 
 
 def measure_and_write(target, target_name: str, drafters: list, gammas: list[int], context: int, repeats: int,
-                      out: Path | None, prompts: list[list[int]] | None = None) -> dict:
+                      out: Path | None, prompts: list[list[int]] | None = None) -> tuple[Profile, Path]:
     """Measure (:func:`engine_latency`) and write a hardware profile, merging into an existing one of the same
-    target and context. ``prompts`` default: one random prompt of ``context`` tokens.
+    target and context. ``prompts`` default: one random prompt of ``context`` tokens. Returns it and its path.
 
     ``out`` None: the default path in the cache, where an unusable old profile is replaced with a warning; a
     named ``out`` that is unusable is an error.
@@ -122,38 +130,35 @@ def measure_and_write(target, target_name: str, drafters: list, gammas: list[int
     if context < 1 or repeats < 1:
         raise SpecdecError("--context and --repeats must be >= 1")
     path = out or default_profile_path(target_name, str(target.device), kernels_of(target))
-    old = read_profile(path, named=out is not None) or {}
-    same = old.get("context") == context
-    measured = engine_latency(target, drafters, gammas, prompts or [context_tokens(context, target.config.vocab_size)],
-                              repeats)
-    figures = dict(old["drafts"]) if same else {}
-    for drafter in drafters:
-        facts = model_facts(getattr(drafter, "model", None))
-        timing = measured["drafts"][drafter.name]
-        figures[drafter.name] = {
-            "t_draft_ms": timing["t_draft"]["median"], "t_draft_spread": timing["t_draft"],
-            "draft_prefill_ms_per_token": timing["draft_prefill_per_token"],
-            "parameters_m": facts["parameters_m"], "kv_bytes_per_token": facts["kv_bytes_per_token"],
-        }
-    verify = {k: v["median"] for k, v in measured["t_verify"].items()}
-    verify_spread = measured["t_verify"]
-    if same:
-        verify, verify_spread = {**old["t_verify_ms"], **verify}, {**old.get("t_verify_spread", {}), **verify_spread}
-    data = {"hardware": hardware(target.device), "target": target_name, "context": context, "repeats": repeats,
-            "t_target_ms": verify[0], "t_verify_ms": verify,
-            "t_verify_spread": verify_spread, "drafts": figures}
-    write_profile(path, data)
-    return {**data, "path": str(path)}
+    old = read_profile(path, named=out is not None)
+    same = old is not None and old.context == context
+    verify, drafts = engine_latency(target, drafters, gammas,
+                                    prompts or [context_tokens(context, target.config.vocab_size)], repeats)
+    profile = Profile(hardware(target.device), target_name, context, repeats,
+                      {**(old.t_verify if same else {}), **verify}, {**(old.drafts if same else {}), **drafts})
+    write_profile(path, profile)
+    return profile, path
 
 
-def ensure_profile(target, target_name: str, drafters: list, gammas: list[int], context: int, repeats: int) -> dict:
+def ensure_profile(target, target_name: str, drafters: list, gammas: list[int], context: int, repeats: int) -> Profile:
     """The cached profile of this machine, measuring first whatever it lacks (drafts, γ, or the context)."""
     path = default_profile_path(target_name, str(target.device), kernels_of(target))
     profile = read_profile(path, named=False)
-    if profile and profile["context"] == context:
-        missing = [d for d in drafters if d.name not in profile["drafts"]]
-        if not missing and set(range(max(gammas) + 1)) <= set(profile["t_verify_ms"]):
+    if profile and profile.context == context:
+        missing = [d for d in drafters if d.name not in profile.drafts]
+        if not missing and set(range(max(gammas) + 1)) <= set(profile.t_verify):
             return profile
     else:
         missing = drafters
-    return measure_and_write(target, target_name, missing, gammas, context, repeats, path)
+    return measure_and_write(target, target_name, missing, gammas, context, repeats, path)[0]
+
+
+def sweep(repeats: int, calibrate: str | None) -> tuple[Calibration, Path | None]:
+    """Run :func:`width_depth_sweep` on this machine's device and fit the latency model to it; with
+    ``calibrate``, store the fit under that name for ``zoo rank --gpu NAME`` (its path is returned)."""
+    from zoo.hardware import fit_sweep
+
+    device = default_device()
+    fit = fit_sweep(width_depth_sweep(repeats), calibrate or hardware(device), hardware(device),
+                    dtype_bytes=2 if device == "cuda" else 4)
+    return fit, write_calibration(fit) if calibrate else None

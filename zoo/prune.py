@@ -18,7 +18,7 @@ import torch
 from specdraft_eval.drafts.layers import layer_view, parse_layers
 from specdraft_eval.drafts.model import DRAFT_VOCAB_FILE
 from specdraft_eval.errors import SpecdecError
-from specdraft_eval.record import atomic_output
+from specdraft_eval.files import atomic_output
 from specdraft_eval.offline_data import humaneval_problems, mmlu_cot_docs, task_prompts
 
 SELECTIONS = ("first", "uniform", "block-influence")

@@ -15,7 +15,6 @@ from specdraft_eval.record import ResultsFile
 from specdraft_eval.stats import GenerationStats
 
 DEFAULT_TASK = "specdec_humaneval"
-DEFAULT_RESULTS = (Path("leaderboard"),)
 DEFAULT_MAX_NEW_TOKENS = 64
 MEASURE_GAMMAS = (1, 2, 4, 8)
 """γ values ranked when no ``--gamma`` is given and no results say which γ ran."""
@@ -51,7 +50,7 @@ def tar_from_results(files: list[ResultsFile], target: str, task: str, draft: st
     tar, source = {}, {}
     for gamma, stats in sorted(merged.items()):
         if stats.steps:
-            tar[gamma] = stats.summary()["tar"]
+            tar[gamma] = stats.tar
             source[gamma] = f"results γ={gamma} ({stats.generations} requests; {', '.join(sorted(hardware[gamma]))})"
     for gamma, stats in sorted(merged.items()):  # smallest first: estimates come from the nearest larger γ
         for smaller in range(1, gamma):

@@ -5,14 +5,18 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
+from specdraft_eval import published
 from specdraft_eval.drafts import load_draft
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.offline_data import task_prompts
-from specdraft_eval.record import RecordWarning, model_facts, read_calibration, scan_results
+from specdraft_eval.environment import ModelFacts
+from specdraft_eval.files import RecordWarning
+from specdraft_eval.profiles import read_calibration
+from specdraft_eval.record import scan_results
 from specdraft_eval.targets import ALIASES, load_target
 from zoo import catalog, hardware, shapes
 from zoo import profile as prof
-from zoo.rank import (DEFAULT_MAX_NEW_TOKENS, DEFAULT_RESULTS, DEFAULT_TASK, MEASURE_GAMMAS, Candidate, measure,
+from zoo.rank import (DEFAULT_MAX_NEW_TOKENS, DEFAULT_TASK, MEASURE_GAMMAS, Candidate, measure,
                       missing_tar_hint, rank, tar_from_results)
 
 PROFILE_CONTEXT = 256
@@ -34,7 +38,7 @@ def default_drafts(target_name: str, depth: int) -> list[str]:
 
 def run_rank(target_name: str, gpu: str = "this", task: str = DEFAULT_TASK, n_measure: int = 0,
              drafts: list[str] | None = None, gammas: list[int] | None = None,
-             results: tuple[Path, ...] | list[Path] = DEFAULT_RESULTS, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+             results: list[Path] | None = None, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
              runtime: str = "eager") -> list[dict]:
     """Rank ``drafts`` (default: the defaults plus every draft with results for this target) for ``gpu``.
 
@@ -46,7 +50,7 @@ def run_rank(target_name: str, gpu: str = "this", task: str = DEFAULT_TASK, n_me
     if n_measure < 0:
         raise SpecdecError(f"--measure {n_measure} must be >= 0")
     accelerator = None if gpu == "this" else hardware.accelerator(gpu, read_calibration(gpu))
-    files = scan_results(results)
+    files = scan_results(results if results is not None else [published.results()])
     records = {f.record.draft: f.record for f in files if f.record.target == target_name}
     if accelerator is None:
         return _rank_here(target_name, task, n_measure, drafts, gammas, files, records, max_new_tokens)
@@ -82,10 +86,10 @@ def _measure_tar(target_name: str, task: str, n: int, candidates: list[Candidate
     prompts = [tokenizer(text, return_tensors="pt").input_ids[:, -512:] for text in task_prompts(task)[:n]]
     for c in candidates:
         drafter = (drafters or {}).get(c.draft) or load_draft(c.draft, target, tokenizer)
-        summaries = {g: s.summary() for g, s in measure(target, drafter, prompts, gammas, max_new_tokens).items()}
-        c.tar = {g: s["tar"] for g, s in summaries.items()}
-        c.tar_source = {g: f"measured ({len(prompts)} prompts)" for g in summaries}
-        c.measured_tps = {g: s["tokens_per_second"] for g, s in summaries.items()}
+        measured = measure(target, drafter, prompts, gammas, max_new_tokens)
+        c.tar = {g: s.tar for g, s in measured.items()}
+        c.tar_source = {g: f"measured ({len(prompts)} prompts)" for g in measured}
+        c.measured_tps = {g: s.tokens_per_second for g, s in measured.items()}
 
 
 def _rank_here(target_name: str, task: str, n_measure: int, drafts: list[str] | None, gammas: list[int] | None,
@@ -106,8 +110,8 @@ def _rank_here(target_name: str, task: str, n_measure: int, drafts: list[str] | 
         drafters.setdefault(drafter.name, drafter)
     candidates = []
     for name, drafter in drafters.items():
-        facts = model_facts(getattr(drafter, "model", None))
-        c = Candidate(name, 0.0, "profile", facts["parameters_m"] or None, facts["kv_bytes_per_token"])
+        facts = ModelFacts.of(drafter.model)
+        c = Candidate(name, 0.0, "profile", facts.parameters_m or None, facts.kv_bytes_per_token)
         c.tar, c.tar_source = tar_from_results(files, target_name, task, name)
         c.missing = missing_tar_hint(target_name, task, name)
         candidates.append(c)
@@ -118,5 +122,5 @@ def _rank_here(target_name: str, task: str, n_measure: int, drafts: list[str] | 
     profile = prof.ensure_profile(target, target_name, list(drafters.values()), wanted, PROFILE_CONTEXT,
                                   PROFILE_REPEATS)
     for c in candidates:
-        c.t_draft_ms = profile["drafts"][c.draft]["t_draft_ms"]
-    return rank(candidates, profile["t_target_ms"], {g: profile["t_verify_ms"][g] for g in wanted}, gammas)
+        c.t_draft_ms = profile.drafts[c.draft].t_draft_ms
+    return rank(candidates, profile.t_target_ms, {g: profile.t_verify_ms[g] for g in wanted}, gammas)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specdraft_eval.drafts.layers import parse_layers
+from specdraft_eval.drafts.spec import AUTO, COMPOSITE, MODEL, DraftSpec, draft_kinds
 from specdraft_eval.errors import SpecdecError
 from zoo import catalog
 from zoo.hardware import Shape, shape_from_config
@@ -60,16 +61,26 @@ def model_shape(name: str) -> Resolved:
 
 
 def draft_shape(name: str, target: Shape, record=None) -> Resolved:
-    """A draft's shape: model-free kinds, ``layers:`` views of ``target``, models; or, for a draft known only
-    from a results ``record``, its recorded size at the target's width."""
-    kind, _, arg = name.partition(":")
-    if kind == "prompt-lookup":
-        from specdraft_eval.drafts.prompt_lookup import build
-
-        return Resolved(build(arg or None, None, None).name, None, "model-free")
-    if kind == "layers":
-        layers = parse_layers(arg, target.layers)
+    """A draft's shape: model-free kinds, ``layers:`` views of ``target``, models, composites (the shape of
+    their first part with a model, as :class:`~specdraft_eval.drafts.composite.CompositeDrafter` reports); or,
+    for a draft known only from a results ``record``, its recorded size at the target's width."""
+    kinds = draft_kinds()
+    spec = DraftSpec.parse(name, kinds)
+    if spec.kind == AUTO:
+        raise SpecdecError("rank the drafts auto chooses among, not auto itself: `zoo recommend` names it")
+    if spec.kind == COMPOSITE:
+        parts = [draft_shape(part.name, target) for part in spec.parts]
+        shaped = next((p for p in parts if p.shape is not None), None)
+        canonical = "|".join(p.name for p in parts)
+        return Resolved(canonical, shaped.shape if shaped else None,
+                        f"composite: {shaped.source} of {shaped.name}" if shaped else "model-free")
+    if spec.kind == "layers":
+        layers = parse_layers(spec.arg or "", target.layers)
         return Resolved(f"layers:{','.join(map(str, layers))}", target.with_layers(len(layers)), "target's config")
+    if spec.kind != MODEL:  # a model-free kind: its canonical name (built without a target unless it reads files)
+        build = kinds[spec.kind]
+        canonical = spec.name if getattr(build, "path_marker", None) else build(spec.arg, None, None).name
+        return Resolved(canonical, None, "model-free")
     try:
         return model_shape(name)
     except SpecdecError:

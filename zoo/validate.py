@@ -15,7 +15,8 @@ from pathlib import Path
 from specdraft_eval.analytical import predicted_from_latencies
 from specdraft_eval.engine import speculative_generate
 from specdraft_eval.errors import SpecdecError
-from specdraft_eval.record import atomic_write, hardware, profile_latencies
+from specdraft_eval.environment import hardware
+from specdraft_eval.files import atomic_write
 from specdraft_eval.stats import GenerationStats
 from zoo.profile import measure_and_write
 
@@ -39,8 +40,8 @@ def validate(target, target_name: str, drafters: list, prompts: list[list[int]],
     """Profile, then measure every (draft, γ) ``repeats`` times over ``prompts``; rows of predicted against
     measured tokens/s (medians over repeats, with min and max) and their deviation."""
     context = round(statistics.mean(len(p) for p in profile_prompts))
-    profile = measure_and_write(target, target_name, drafters, gammas, context, max_new_tokens, None,
-                                prompts=profile_prompts)
+    profile, _ = measure_and_write(target, target_name, drafters, gammas, context, max_new_tokens, None,
+                                   prompts=profile_prompts)
     on_run()
     runs: dict[tuple[str, int], list[GenerationStats]] = {}
     for _ in range(repeats):  # repeats outermost: slow drifts of the machine spread over every configuration
@@ -53,17 +54,17 @@ def validate(target, target_name: str, drafters: list, prompts: list[list[int]],
                 on_run()
     rows = []
     for (draft, gamma), totals in runs.items():
-        latencies = profile_latencies(profile, draft)
+        latencies = profile.latencies(draft)
         predicted = [predicted_from_latencies(t, latencies) for t in totals]
-        measured = [t.summary()["tokens_per_second"] for t in totals]
-        summary = sum(totals, GenerationStats()).summary()
+        measured = [t.tokens_per_second for t in totals]
+        summary = sum(totals, GenerationStats())
         p, m = statistics.median(predicted), statistics.median(measured)
         rows.append({
             "draft": draft, "gamma": gamma,
             "predicted_tokens_per_second": p, "measured_tokens_per_second": m, "deviation": deviation(p, m),
             "predicted_min": min(predicted), "predicted_max": max(predicted),
             "measured_min": min(measured), "measured_max": max(measured),
-            "tar": summary["tar"], "loop_overhead": summary["loop_overhead"],
+            "tar": summary.tar, "loop_overhead": summary.loop_overhead,
         })
     deviations = [abs(r["deviation"]) for r in rows]
     return {"target": target_name, "hardware": hardware(target.device), "prompts": len(prompts),

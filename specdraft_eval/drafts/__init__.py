@@ -1,49 +1,23 @@
-"""The draft registry: ``load_draft("prompt-lookup" | "layers:0-3,29" | MODEL, target, tokenizer)``.
+"""Loading drafts: ``load_draft("prompt-lookup" | "layers:0-3,29" | "ngram:DIR" | MODEL | "A|B", target, tokenizer)``.
 
-A draft string ``KIND[:ARG]`` names a kind from the ``specdraft_eval.drafts`` entry-point group (another
-package adds a kind by declaring ``KIND = "pkg.module:build"`` there, where ``build(arg, target,
-tokenizer)`` returns a :class:`~specdraft_eval.drafts.base.Drafter`). A kind whose argument is a directory says
-so with ``build.path_marker = FILE`` (a file every such directory holds): ``auto`` then checks the directory
-exists, and the directory named on its own loads as that kind. Anything else is a separate causal LM: an alias,
-a local directory, a GGUF file or a hub id, whose tokenizer must match the target's.
+The draft string is parsed by :class:`~specdraft_eval.drafts.spec.DraftSpec` (kinds, composites, model names);
+a separate causal LM (an alias, a local directory, a GGUF file or a hub id) must share the target's tokenizer.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
-from importlib.metadata import entry_points
 from pathlib import Path
 
 from specdraft_eval import kernels
 from specdraft_eval.drafts.base import Drafter, Proposal
-from specdraft_eval.drafts.composite import SEPARATOR, CompositeDrafter
+from specdraft_eval.drafts.composite import CompositeDrafter
 from specdraft_eval.drafts.model import DRAFT_VOCAB_FILE, ModelDrafter
+from specdraft_eval.drafts.spec import AUTO, COMPOSITE, MODEL, DraftSpec, draft_kinds
 from specdraft_eval.errors import SpecdecError
 
-ENTRY_POINT_GROUP = "specdraft_eval.drafts"
-_BUILTIN = {
-    "prompt-lookup": "specdraft_eval.drafts.prompt_lookup:build",
-    "layers": "specdraft_eval.drafts.layers:build",
-    "ngram": "specdraft_eval.drafts.ngram:build",
-}
-
-__all__ = ["Drafter", "Proposal", "ModelDrafter", "load_draft", "draft_kinds", "check_tokenizers"]
-
-
-def draft_kinds() -> dict[str, Callable]:
-    """Kind name -> builder, built-ins first, then installed plugins."""
-    import importlib
-
-    kinds: dict[str, Callable] = {}
-    for name, target in _BUILTIN.items():
-        module, attr = target.split(":")
-        kinds[name] = getattr(importlib.import_module(module), attr)
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name not in kinds:
-            kinds[ep.name] = ep.load()
-    return kinds
+__all__ = ["Drafter", "Proposal", "ModelDrafter", "DraftSpec", "load_draft", "draft_kinds", "check_tokenizers"]
 
 
 def check_tokenizers(target_tokenizer, draft_tokenizer, draft_name: str) -> None:
@@ -58,38 +32,42 @@ def check_tokenizers(target_tokenizer, draft_tokenizer, draft_name: str) -> None
         )
 
 
-def load_draft(spec: str, target, tokenizer) -> Drafter:
+def load_draft(spec: str | DraftSpec, target, tokenizer) -> Drafter:
     """Build the draft named by ``spec`` for ``target`` (a loaded HF causal LM) and its tokenizer.
     ``A|B`` is a :class:`~specdraft_eval.drafts.composite.CompositeDrafter` (B drafts where A finds nothing)."""
-    if not isinstance(spec, str) or not spec.strip():
-        raise SpecdecError("empty draft: use draft=prompt-lookup, draft=layers:0-3,29 or a draft model name")
-    spec = spec.strip()
-    if SEPARATOR in spec:
-        parts = [part.strip() for part in spec.split(SEPARATOR)]
-        if not all(parts) or len(parts) < 2:
-            raise SpecdecError(f"bad composite draft {spec!r}: name two or more drafts, e.g. draft=prompt-lookup|layers:0-4")
-        return CompositeDrafter([load_draft(part, target, tokenizer) for part in parts])
-    kind, _, arg = spec.partition(":")
     kinds = draft_kinds()
-    for name, build in kinds.items():  # a directory a kind recognises, named on its own (e.g. `zoo ngram`'s)
-        marker = getattr(build, "path_marker", None)
-        if marker and (Path(os.path.expanduser(spec)) / marker).is_file():
-            kind, arg = name, spec
-            break
-    if kind in kinds:
-        return kinds[kind](arg or None, target, tokenizer)
+    spec = spec if isinstance(spec, DraftSpec) else DraftSpec.parse(spec, kinds)
+    if spec.kind == COMPOSITE:
+        return CompositeDrafter([load_draft(part, target, tokenizer) for part in spec.parts])
+    if spec.kind == AUTO:
+        return load_draft(resolve_auto(target).draft, target, tokenizer)
+    if spec.kind != MODEL:
+        return kinds[spec.kind](spec.arg, target, tokenizer)
     from specdraft_eval.targets import load_target
 
+    name = spec.arg
     dtype = str(target.dtype).removeprefix("torch.")
     try:
-        model, draft_tokenizer = load_target(spec, device=str(target.device), dtype=dtype)
+        model, draft_tokenizer = load_target(name, device=str(target.device), dtype=dtype)
     except SpecdecError as exc:
-        raise SpecdecError(f"draft {spec!r}: {exc}; draft kinds are {', '.join(kinds)}") from exc
-    check_tokenizers(tokenizer, draft_tokenizer, spec)
+        raise SpecdecError(f"draft {name!r}: {exc}; draft kinds are {', '.join(kinds)}") from exc
+    check_tokenizers(tokenizer, draft_tokenizer, name)
     vocab = min(target.config.vocab_size, model.config.vocab_size)
-    drafter = ModelDrafter(model, spec, vocab, _draft_vocab(spec))
+    drafter = ModelDrafter(model, name, vocab, _draft_vocab(name))
     kernels.apply(model, kernels.kernels_of(target))  # the draft runs the target's kernels
     return drafter
+
+
+def resolve_auto(target):
+    """What ``auto`` means for ``target`` on its device (:func:`specdraft_eval.recommend.recommend`)."""
+    from specdraft_eval.environment import hardware
+    from specdraft_eval.recommend import recommend
+
+    name = getattr(target, "specdraft_name", None)
+    if name is None:
+        raise SpecdecError("draft=auto needs a target loaded by specdraft_eval.load_target (its name picks the "
+                           "results): load it so, or name a draft")
+    return recommend(name, hardware=hardware(target.device))
 
 
 def _draft_vocab(spec: str) -> list[int] | None:

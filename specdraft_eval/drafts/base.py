@@ -26,6 +26,8 @@ class Drafter(Protocol):
     """Proposes up to ``num_tokens`` continuations of ``tokens``; the target verifies them."""
 
     name: str
+    model: torch.nn.Module | None
+    """The draft's own causal LM (its size goes into the record), or None for a model-free kind."""
 
     def propose(self, tokens: list[int], num_tokens: int, sampler: Sampler) -> Proposal:
         """Draft up to ``num_tokens`` tokens following ``tokens`` (the whole sequence so far)."""

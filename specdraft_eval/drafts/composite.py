@@ -25,7 +25,7 @@ class CompositeDrafter:
     @property
     def model(self):
         """The model of the first part that has one (its weights and depth are what the record reports)."""
-        return next((p.model for p in self.parts if getattr(p, "model", None) is not None), None)
+        return next((p.model for p in self.parts if p.model is not None), None)
 
     def propose(self, tokens: list[int], num_tokens: int, sampler: Sampler) -> Proposal:
         for i, part in enumerate(self.parts):

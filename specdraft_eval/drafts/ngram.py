@@ -52,6 +52,8 @@ def load_continuations(directory: Path, tokenizer) -> list[list[int]]:
 class NGramDrafter:
     """Greedy chain over n-gram tables (context of ``min_n`` to ``max_n`` tokens -> most frequent next token)."""
 
+    model = None
+
     def __init__(self, sequences: list[list[int]], max_n: int = 4, min_n: int = 1, name: str = "ngram") -> None:
         self.max_n, self.min_n, self.name = max_n, min_n, name
         counts: dict[tuple[int, ...], Counter] = {}

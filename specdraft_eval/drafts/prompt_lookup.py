@@ -15,6 +15,8 @@ from specdraft_eval.sampling import Sampler
 class PromptLookupDrafter:
     """N-gram lookup in the prompt and the text generated so far, longest n-gram first."""
 
+    model = None
+
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise SpecdecError(f"prompt-lookup n-gram sizes must satisfy 1 <= MIN <= N (got {min_ngram}-{max_ngram}); "

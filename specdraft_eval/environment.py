@@ -1,0 +1,66 @@
+"""Where a run ran: the device's name, package versions, and the size of the models it ran."""
+
+from __future__ import annotations
+
+import platform
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+
+PACKAGES = ("specdraft-eval", "lm-eval", "torch", "transformers")
+
+
+def hardware(device) -> str:
+    """A short name for the device a run used (the GPU's name, or ``CPU: `` and the processor's)."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return f"CPU: {line.split(':', 1)[1].strip()}"
+    except OSError:
+        pass
+    return f"CPU: {platform.processor() or platform.machine()}"
+
+
+def default_device() -> str:
+    """``cuda`` where a GPU is visible, else ``cpu``."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def versions() -> dict[str, str | None]:
+    """Installed versions of the packages a record names."""
+
+    def one(package: str) -> str | None:
+        try:
+            return version(package)
+        except PackageNotFoundError:
+            return None
+
+    return {p: one(p) for p in PACKAGES}
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """Size of a draft or target: parameters (millions), decoder layers, KV-cache bytes per token at the
+    model's own dtype. All zero for a model-free draft."""
+
+    parameters_m: float = 0.0
+    layers: int = 0
+    kv_bytes_per_token: int = 0
+
+    @classmethod
+    def of(cls, model) -> ModelFacts:
+        if model is None:
+            return cls()
+        c = model.config
+        heads = c.num_attention_heads
+        kv_heads = getattr(c, "num_key_value_heads", None) or heads
+        head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
+        return cls(sum(p.numel() for p in model.parameters()) / 1e6, c.num_hidden_layers,
+                   2 * c.num_hidden_layers * kv_heads * head_dim * model.dtype.itemsize)

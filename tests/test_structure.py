@@ -1,0 +1,127 @@
+"""The code's shape: no import cycle, one draft-spec parser, a request object, ranking of every published record."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+from specdraft_eval import engine, published
+from specdraft_eval.drafts.spec import COMPOSITE, MODEL, DraftSpec, draft_kinds
+from specdraft_eval.errors import SpecdecError
+from specdraft_eval.record import scan_results
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _imports(path: Path, package: str) -> set[str]:
+    """Modules of ``package`` that ``path`` imports anywhere (functions included)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [f"{node.module}.{alias.name}" for alias in node.names] + [node.module]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        else:
+            continue
+        found |= {n for n in names if n.split(".")[0] == package}
+    return found
+
+
+@pytest.mark.parametrize("package", ["specdraft_eval", "zoo"])
+def test_no_import_cycle(package):
+    modules = {}
+    for path in (ROOT / package).rglob("*.py"):
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        modules[name] = path
+    graph = {name: {m for m in _imports(path, package) if m in modules and m != name}
+             for name, path in modules.items()}
+    state: dict[str, int] = {}
+
+    def visit(node: str, trail: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                raise AssertionError("import cycle: " + " -> ".join(trail[trail.index(nxt):] + [node, nxt])
+                                     if nxt in trail else f"import cycle through {node} -> {nxt}")
+            if nxt not in state:
+                visit(nxt, trail + [node])
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [])
+
+
+def test_the_cycle_check_catches_a_cycle(tmp_path):
+    """Negative control: two modules importing each other are reported."""
+    (tmp_path / "a.py").write_text("from pkg import b\n")
+    assert _imports(tmp_path / "a.py", "pkg") == {"pkg.b", "pkg"}
+
+
+def test_engine_entry_points_take_at_most_four_positional_parameters():
+    for fn in (engine.speculative_generate, engine.speculative_generate_batch, engine.autoregressive_generate,
+               engine.autoregressive_generate_batch):
+        positional = [p for p in inspect.signature(fn).parameters.values()
+                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        assert len(positional) <= 4, fn.__name__
+
+
+def test_decode_params_one_line_errors():
+    with pytest.raises(SpecdecError, match="num_draft_tokens must be an integer >= 1"):
+        engine.DecodeParams(8, num_draft_tokens=0)
+    with pytest.raises(SpecdecError, match="top_p must be in"):
+        engine.DecodeParams(8, top_p=0.0)
+    params = engine.DecodeParams(8, num_draft_tokens=3)
+    assert engine.DecodeParams.of(params) is params and engine.DecodeParams.of(8, num_draft_tokens=3) == params
+
+
+@pytest.mark.parametrize("text, kind, arg, parts", [
+    ("prompt-lookup", "prompt-lookup", None, 0),
+    ("prompt-lookup:2-3", "prompt-lookup", "2-3", 0),
+    ("layers:0-3+29", "layers", "0-3+29", 0),
+    ("ngram:some/dir", "ngram", "some/dir", 0),
+    ("HuggingFaceTB/SmolLM2-135M", MODEL, "HuggingFaceTB/SmolLM2-135M", 0),
+    ("prompt-lookup:2-3|ngram:leaderboard/drafts/smollm2-ngram", COMPOSITE, None, 2),
+    ("auto", "auto", None, 0),
+])
+def test_draft_spec_parse(text, kind, arg, parts):
+    spec = DraftSpec.parse(text)
+    assert (spec.kind, spec.arg, len(spec.parts)) == (kind, arg, parts)
+    assert spec.name == text  # the canonical text round-trips
+
+
+def test_draft_spec_recognises_a_kinds_directory_and_bad_composites(tmp_path):
+    (tmp_path / "ngram.json").write_text("{}")
+    assert DraftSpec.parse(str(tmp_path)).kind == "ngram"  # zoo ngram's output named on its own
+    for bad in ("", "prompt-lookup|", "|layers:0"):
+        with pytest.raises(SpecdecError):
+            DraftSpec.parse(bad)
+
+
+def test_builtin_kinds_come_from_the_entry_points():
+    """The kinds are what pyproject.toml declares: nothing is filled in beside the entry points."""
+    from importlib.metadata import entry_points
+
+    declared = {ep.name for ep in entry_points(group="specdraft_eval.drafts")}
+    assert set(draft_kinds()) == declared and {"prompt-lookup", "layers", "ngram"} <= declared
+
+
+def test_zoo_rank_ranks_every_published_record(tmp_path):
+    """Every committed results file's draft, composites and auto runs included, ranks for a named GPU, from a
+    directory that is not the checkout (the published results resolve from the package)."""
+    files = scan_results([published.results()])
+    drafts = {f.record.draft for f in files}
+    fixed = {f.record.draft for f in files if not f.record.dynamic_gamma}  # dynamic-γ runs give no TAR per γ
+    assert any("|" in d for d in fixed), fixed
+    done = run_cli("zoo", "rank", "--target", "smollm2-135m-instruct", "--gpu", "h100", "--json", cwd=tmp_path,
+                   env={"HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads(done.stdout)
+    ranked = {r["draft"] for r in rows}
+    assert drafts <= ranked, drafts - ranked
+    assert all(r["predicted_tokens_per_second"] for r in rows if r["draft"] in fixed)
