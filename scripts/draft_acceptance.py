@@ -23,6 +23,7 @@ import torch
 
 from specdraft_eval.drafts import load_draft
 from specdraft_eval.engine import autoregressive_generate
+from specdraft_eval.files import atomic_write
 from specdraft_eval.offline_data import task_prompts
 from specdraft_eval.sampling import Sampler
 from specdraft_eval.targets import load_target
@@ -134,7 +135,7 @@ def main() -> None:
                 f"{g}: {report['drafts'][spec][task][f'gamma_{g}']['tar']:.3f}" for g in gammas), file=sys.stderr)
     text = json.dumps(report, indent=1)
     if args.out:
-        args.out.write_text(text + "\n")
+        atomic_write(args.out, text + "\n")
     else:
         print(text)
 

@@ -18,6 +18,7 @@ import torch
 from tqdm import tqdm
 
 from specdraft_eval.engine import speculative_generate
+from specdraft_eval.files import atomic_write
 
 TIMING_FIELDS = {"prefill_seconds", "draft_seconds", "verify_seconds", "decode_seconds", "baseline_seconds"}
 
@@ -75,7 +76,7 @@ def main() -> None:
               **soak(target, drafter, prompts, args.requests, args.new_tokens, progress=True)}
     text = json.dumps(report, indent=1)
     if args.out:
-        args.out.write_text(text + "\n")
+        atomic_write(args.out, text + "\n")
     print(text)
     ok = not report["requests_differing_from_first_answer"] and report["rss_growth_after_warmup"] < 0.05
     sys.exit(0 if ok else 1)

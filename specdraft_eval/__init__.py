@@ -15,6 +15,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "load_target": "specdraft_eval.targets",
     "load_draft": "specdraft_eval.drafts",
+    "DecodeParams": "specdraft_eval.engine",
     "speculative_generate": "specdraft_eval.engine",
     "speculative_generate_batch": "specdraft_eval.engine",
     "autoregressive_generate": "specdraft_eval.engine",

@@ -149,8 +149,8 @@ def check_zoo_error(result, message: str) -> None:
 
 ZOO_ERRORS = {
     "profile unknown target": (["profile", "--target", "no-such-target"], "unknown model 'no-such-target'"),
-    "bench gamma 0": (["bench", "--target", "{tiny}", "--draft", "prompt-lookup", "--gamma", "0"], "--gamma 0 must be >= 1"),
-    "bench unknown draft": (["bench", "--target", "{tiny}", "--draft", "no-such-draft"], "unknown model"),
+    "bench gamma 0": (["bench", "--target", "{tiny}", "--drafts", "prompt-lookup", "--gamma", "0"], "bad --gamma"),
+    "bench unknown draft": (["bench", "--target", "{tiny}", "--drafts", "no-such-draft"], "unknown model"),
     "bench batch size 0": (["bench", "--target", "{tiny}", "--batch-size", "0,2"], "bad --batch-size '0,2'"),
     "bench batch size non-numeric": (["bench", "--target", "{tiny}", "--batch-size", "two"], "bad --batch-size"),
     "rank gamma non-numeric": (["rank", "--target", "{tiny}", "--gpu", "h100", "--gamma", "x"], "bad --gamma"),
@@ -246,6 +246,7 @@ def lm_eval_runs(tiny, tmp_path_factory) -> dict:
         return dict(zip(LM_EVAL_ERRORS, pool.map(run, LM_EVAL_ERRORS), strict=True))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(LM_EVAL_ERRORS))
 def test_lm_eval(lm_eval_runs, case):
     message = LM_EVAL_ERRORS[case][1]

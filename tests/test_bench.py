@@ -82,7 +82,7 @@ def test_bench_cli_json_and_table(tiny, prompts_file):
     assert all(r["identical"] for r in data["configs"])
     assert all(r["vs_plain_assisted"] for r in data["configs"] if r["engine"] == bench.OURS)
     table = run_cli("zoo", "bench", "--target", str(tiny), "--prompts", str(prompts_file), "--limit", "1",
-                    "--repeats", "1", "--max-new-tokens", "4", "--draft", "layers:0")
+                    "--repeats", "1", "--max-new-tokens", "4", "--drafts", "layers:0")
     assert table.returncode == 0, table.stderr[-2000:]
     assert "×assisted" in table.stdout and "specdraft dynamic γ" in table.stdout
 
@@ -101,7 +101,7 @@ def test_bench_bad_prompts_file(tiny, tmp_path, content, message):
 
 
 def test_bench_bad_options(tiny, prompts_file):
-    for args, message in [(["--gamma", "0"], "must be >= 1"), (["--limit", "0"], "--limit 0"),
+    for args, message in [(["--gamma", "0"], "bad --gamma"), (["--gamma", "2,4"], "runs one γ"), (["--limit", "0"], "--limit 0"),
                           (["--dtype", "int8"], "bad --dtype"), (["--task", "specdec_humaneval"], "not both")]:
         done = run_cli("zoo", "bench", "--target", str(tiny), "--prompts", str(prompts_file), *args)
         assert done.returncode == 1 and message in done.stderr and "Traceback" not in done.stderr, done.stderr

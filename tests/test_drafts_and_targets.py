@@ -12,7 +12,6 @@ import torch
 
 from conftest import save_tiny, tiny_llama
 from specdraft_eval import SpecdecError, load_draft, load_target, speculative_generate
-from specdraft_eval.drafts import draft_kinds
 from specdraft_eval.drafts.layers import layer_view, parse_layers
 from specdraft_eval.targets import resolve
 
@@ -72,11 +71,6 @@ def test_prompt_lookup_proposes_what_transformers_proposes():
         theirs = PromptLookupCandidateGenerator(num_output_tokens=4, max_matching_ngram_size=3, max_length=1000)
         candidates, _ = theirs.get_candidates(torch.tensor([tokens]))
         assert ours.propose(tokens, 4, Sampler()).tokens == candidates[0, len(tokens):].tolist(), tokens
-
-
-def test_registry_has_builtin_kinds_via_entry_points():
-    kinds = draft_kinds()
-    assert {"prompt-lookup", "layers"} <= set(kinds)
 
 
 def test_load_draft_kinds(tiny_dir):

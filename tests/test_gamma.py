@@ -73,13 +73,20 @@ def test_rejected_probes_back_off_exponentially_and_an_accepted_one_resets():
     assert controller.probe_every == 8
 
 
-def test_one_controller_serves_a_whole_run():
-    """Passed to every generation, the controller starts each request with what it learnt before."""
+def test_one_controller_serves_a_whole_run(monkeypatch):
+    """Passed to every generation, the controller starts each request with what it learnt before. The engine's
+    clock is a fake one (each reading 10 ms after the last), so the controller sees the same latencies on any
+    machine under any load."""
+    import itertools
+
     import torch
 
     from conftest import tiny_llama
-    from specdraft_eval import speculative_generate
+    from specdraft_eval import engine, speculative_generate
     from specdraft_eval.drafts.model import ModelDrafter
+
+    ticks = itertools.count()
+    monkeypatch.setattr(engine, "clock", lambda device: next(ticks) * 0.010)
 
     target, draft = tiny_llama(seed=0), ModelDrafter(tiny_llama(seed=1, layers=1), "poor", 64)
     controller = GammaController(start=4, max_gamma=16)

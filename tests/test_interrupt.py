@@ -115,6 +115,7 @@ def test_zoo_profile(tiny, tmp_path):
     assert out.is_file()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_lm_eval_run(tiny, tmp_path, sig):
     out = tmp_path / "results"

@@ -21,7 +21,8 @@ from specdraft_eval.engine import (
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.environment import ModelFacts, hardware
 from specdraft_eval.stats import GenerationStats
-from zoo.bench import peak_memory_mb, weight_bytes
+from zoo.bench import peak_memory_mb, spread, weight_bytes
+from zoo.progress import Tick, no_progress
 
 SCHEMA_VERSION = 1
 
@@ -62,7 +63,7 @@ def run_batch_study(target, tokenizer, drafters: list, prompts: list[str], batch
             first = ids[:size]
             rows.append({
                 "draft": drafter.name, "batch_size": size,
-                "tokens_per_second": _spread(spec), "plain_tokens_per_second": _spread(plain),
+                "tokens_per_second": spread(spec), "plain_tokens_per_second": spread(plain),
                 "speedup": statistics.median(s / p for s, p in zip(spec, plain, strict=True)),
                 "tar": tars[0],
                 "target_kv_bytes_per_token": ModelFacts.of(target).kv_bytes_per_token,
@@ -81,10 +82,6 @@ def run_batch_study(target, tokenizer, drafters: list, prompts: list[str], batch
             "num_draft_tokens": gamma, "repeats": repeats, "rows": rows, "pays_up_to_batch": pays}
 
 
-def _spread(values: list[float]) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 def table_rows(result: dict) -> list[dict]:
     def spread(s: dict) -> str:
         return f"{s['median']:.1f} [{s['min']:.1f}–{s['max']:.1f}]"
@@ -94,3 +91,16 @@ def table_rows(result: dict) -> list[dict]:
              "TAR": round(r["tar"], 2) if r["tar"] else None, "target KV B/tok": r["target_kv_bytes_per_token"],
              "draft KV B/tok": r["draft_kv_bytes_per_token"], "peak MB": round(r["peak_mb"]),
              "plain peak MB": round(r["plain_peak_mb"])} for r in result["rows"]]
+
+
+def study(target_name: str, drafts: list[str], prompts: list[str], batch_sizes: list[int], gamma: int, repeats: int,
+          max_new_tokens: int, dtype: str, kernels: str, tick: Tick = no_progress) -> dict:
+    """``zoo bench --batch-size``: load the target and drafts and :func:`run_batch_study`."""
+    from specdraft_eval.drafts import load_draft
+    from specdraft_eval.targets import load_target
+
+    model, tokenizer = load_target(target_name, dtype=dtype, kernels=kernels)
+    drafters = [load_draft(name, model, tokenizer) for name in drafts]
+    tick(0, total=sum(-(-len(prompts) // size) for size in batch_sizes) * repeats * len(drafters))
+    return run_batch_study(model, tokenizer, drafters, prompts, batch_sizes, gamma, repeats, max_new_tokens,
+                           on_run=tick)

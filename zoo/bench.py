@@ -33,6 +33,7 @@ from specdraft_eval.engine import clock, speculative_generate
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.gamma import GammaController
 from specdraft_eval.stats import GenerationStats
+from zoo.progress import Tick, no_progress
 
 SCHEMA_VERSION = 2  # 2: kernels, mismatched_prompts, vs_plain_assisted
 AUTOREGRESSIVE, ASSISTED, OURS, OURS_DYNAMIC = (
@@ -302,7 +303,8 @@ def run_bench(target, target_name: str, tokenizer, drafters: list, prompts: list
     return summarise(configs, target, target_name, gamma, max_new_tokens, prompts, repeats)
 
 
-def _spread(values: list[float]) -> dict:
+def spread(values: list[float]) -> dict:
+    """Median, min and max of repeated measurements (bench and batch-study rows)."""
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
@@ -330,8 +332,8 @@ def summarise(configs: list[Config], target, target_name: str, gamma: int, max_n
             "gamma": gamma if config.drafter else None, "dynamic_gamma": config.engine == OURS_DYNAMIC,
             "identical": not mismatched, "mismatched_prompts": mismatched,
             "generated_tokens": sum(len(r.tokens) for r in flat),
-            "tokens_per_second": _spread(rates),
-            "vs_autoregressive": _spread([a / b for a, b in zip(rates, [_tps(r) for r in reference.runs])]),
+            "tokens_per_second": spread(rates),
+            "vs_autoregressive": spread([a / b for a, b in zip(rates, [_tps(r) for r in reference.runs])]),
             "vs_assisted": None, "vs_plain_assisted": None,
             "overhead": 1 - (target_s + draft_s) / wall,
             "peak_mb": config.peak_mb,
@@ -340,7 +342,7 @@ def summarise(configs: list[Config], target, target_name: str, gamma: int, max_n
         for key, other in (("vs_assisted", assisted.get((config.draft, config.kernels))),
                            ("vs_plain_assisted", assisted.get((config.draft, "plain")))):
             if config.engine in (OURS, OURS_DYNAMIC) and other is not None:
-                row[key] = _spread([a / b for a, b in zip(rates, [_tps(r) for r in other.runs])])
+                row[key] = spread([a / b for a, b in zip(rates, [_tps(r) for r in other.runs])])
         row.update(_step_figures(config, flat, target_s, draft_s))
         rows.append(row)
     ar_peak = reference.peak_mb
@@ -404,3 +406,25 @@ def table_rows(result: dict) -> list[dict]:
         "pred tok/s": r["predicted_tokens_per_second"], "pred dev": pct(r["prediction_deviation"]),
         "peak MB": r["peak_mb"], "same tokens": r["identical"],
     } for r in result["configs"]]
+
+
+def bench(target_name: str, drafts: list[str], prompts: list[str], gamma: int, repeats: int, max_new_tokens: int,
+          dtype: str, kernels: str, tick: Tick = no_progress) -> dict:
+    """``zoo bench``: load the target (and, where ours runs other kernels, a plain copy for transformers as users
+    run it), time every configuration (:func:`run_bench`) and refuse a result whose tokens differ."""
+    from specdraft_eval import kernels as kernel_paths
+    from specdraft_eval.drafts import load_draft
+    from specdraft_eval.targets import load_target
+
+    check_options(gamma, repeats, max_new_tokens)
+    model, tokenizer = load_target(target_name, dtype=dtype, kernels=kernels)
+    plain = None
+    if kernel_paths.kernels_of(model) != "plain":  # transformers as users run it, too
+        plain_model, _ = load_target(target_name, dtype=dtype)
+        plain = plain_model, [load_draft(name, plain_model, tokenizer) for name in drafts]
+    drafters = [load_draft(name, model, tokenizer) for name in drafts]
+    tick(0, total=repeats * len(prompts) * len(configurations(model, drafters, gamma, plain)))
+    result = run_bench(model, target_name, tokenizer, drafters, prompts, gamma, repeats, max_new_tokens,
+                       on_run=tick, plain=plain)
+    check_identical(result, prompts)
+    return result

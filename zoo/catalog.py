@@ -53,3 +53,10 @@ def find(name: str) -> dict | None:
 
 def vocab_size(family: str) -> int:
     return load()["families"][family]["vocab_size"]
+
+
+def listing(target: str | None) -> dict:
+    """``zoo list``: catalog drafts (for ``target``'s family, if given) and the training-free kinds."""
+    return {"drafts": entries(target),
+            "training_free": [{"name": d["name"], "family": "any", "source": d["source"]}
+                              for d in load()["training_free"]]}

@@ -197,7 +197,8 @@ def html_page(rows: list[dict]) -> str:
     return "\n".join(out) + "\n" + HTML_SCRIPT
 
 
-def _png(fig) -> bytes:
+def png_bytes(fig) -> bytes:
+    """A matplotlib figure as deterministic PNG bytes (no software stamp); the figure is closed."""
     import matplotlib.pyplot as plt
 
     fig.tight_layout()
@@ -262,7 +263,7 @@ def plots(rows: list[dict]) -> dict[str, bytes]:
     ax.set_ylabel("generated tokens per second")
     ax.set_title(f"Throughput against draft latency (dotted: plain decoding)\n{where}", fontsize=9)
     legends(key, shown)
-    images = {"tokens_per_second_vs_draft_ms.png": _png(fig)}
+    images = {"tokens_per_second_vs_draft_ms.png": png_bytes(fig)}
 
     fig, ax, key = figure()
     known = [r for r in main if r["draft_accuracy"] is not None and r["tar"] is not None]
@@ -279,7 +280,7 @@ def plots(rows: list[dict]) -> dict[str, bytes]:
     ax.set_xlabel("draft's own task accuracy (fraction of documents; task metric)")
     ax.set_ylabel("TAR (tokens per verification step)")
     ax.set_title(f"TAR against the draft's own accuracy\n{where}", fontsize=9)
-    images["tar_vs_draft_accuracy.png"] = _png(fig)
+    images["tar_vs_draft_accuracy.png"] = png_bytes(fig)
 
     fig, ax, key = figure()
     shown = set()
@@ -294,7 +295,7 @@ def plots(rows: list[dict]) -> dict[str, bytes]:
     if shown:
         legends(key, shown)
     ax.set_title(f"Acceptance by draft position\n{where}", fontsize=9)
-    images["acceptance_by_position.png"] = _png(fig)
+    images["acceptance_by_position.png"] = png_bytes(fig)
     return images
 
 

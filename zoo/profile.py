@@ -162,3 +162,22 @@ def sweep(repeats: int, calibrate: str | None) -> tuple[Calibration, Path | None
     fit = fit_sweep(width_depth_sweep(repeats), calibrate or hardware(device), hardware(device),
                     dtype_bytes=2 if device == "cuda" else 4)
     return fit, write_calibration(fit) if calibrate else None
+
+
+def profile_target(target_name: str, drafts: list[str], gammas: list[int], context: int, repeats: int,
+                   out: Path | None, kernels: str) -> tuple[Profile, Path]:
+    """``zoo profile``: load the target and drafts and :func:`measure_and_write`."""
+    from specdraft_eval.drafts import load_draft
+    from specdraft_eval.targets import load_target
+
+    model, tokenizer = load_target(target_name, kernels=kernels)
+    drafters = [load_draft(name, model, tokenizer) for name in drafts]
+    return measure_and_write(model, target_name, drafters, gammas, context, repeats, out)
+
+
+def table_rows(profile: Profile) -> tuple[list[dict], list[dict]]:
+    """The profile as two text tables: verification by draft length, then the drafts."""
+    return ([{"draft tokens k": k, "t_verify_ms": s.median, "min–max": str(s)} for k, s in sorted(profile.t_verify.items())],
+            [{"draft": d, "t_draft_ms": f.t_draft_ms, "min–max": str(f.t_draft),
+              "draft_prefill_ms_per_token": f.draft_prefill_ms_per_token, "parameters_m": f.parameters_m,
+              "kv_bytes_per_token": f.kv_bytes_per_token} for d, f in profile.drafts.items()])

@@ -20,6 +20,7 @@ from specdraft_eval.drafts.model import DRAFT_VOCAB_FILE
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.files import atomic_output
 from specdraft_eval.offline_data import humaneval_problems, mmlu_cot_docs, task_prompts
+from zoo.progress import Tick, no_progress
 
 SELECTIONS = ("first", "uniform", "block-influence")
 DEFAULT_CALIBRATION = "default"
@@ -176,3 +177,32 @@ def check_out(out: Path) -> None:
     if out.exists():
         raise SpecdecError(f"output directory {out} exists: choose a new --out or remove it")
 
+
+
+def make_draft(model: str, out: Path, layers: int | None, keep: str | None, select: str, calibration: str | None,
+               distill_tokens: int, on_policy: bool, vocab_top: int | None, tick: Tick = no_progress) -> dict:
+    """``zoo prune``: load ``model``, keep its chosen layers, optionally distil and give a reduced head, save the
+    draft at ``out`` atomically; return what was built."""
+    from specdraft_eval.targets import load_target
+
+    check_out(out)
+    if distill_tokens < 0:
+        raise SpecdecError(f"--distill-tokens {distill_tokens} must be >= 0")
+    source, tokenizer = load_target(model)
+    needs_text = bool(distill_tokens) or vocab_top is not None or (select == "block-influence" and keep is None)
+    texts = calibration_texts(calibration) if calibration or needs_text else []
+    kept = resolve_keep(source, tokenizer, layers, keep, select, texts)
+    draft = build_pruned(source, kept)
+    meta = {"source": model, "kept_layers": kept, "select": select if keep is None else "explicit",
+            "calibration": calibration or DEFAULT_CALIBRATION, "distill_tokens": distill_tokens,
+            "on_policy": on_policy, "source_layers": source.config.num_hidden_layers, "vocab_top": vocab_top}
+    draft_vocab = frequent_tokens(tokenizer, texts, vocab_top) if vocab_top is not None else None
+    if distill_tokens:
+        if on_policy:
+            texts = on_policy_texts(source, tokenizer, texts, distill_tokens)
+        tick(0, total=distill_tokens)
+        meta["distillation"] = distill(draft, source, tokenizer, texts, distill_tokens, on_step=tick)
+    save_atomically(draft, tokenizer, out, meta, draft_vocab)
+    return {"out": str(out), **{k: meta[k] for k in ("kept_layers", "select", "distill_tokens", "vocab_top")},
+            **({"kl_first": meta["distillation"]["kl_first"], "kl_last": meta["distillation"]["kl_last"]}
+               if distill_tokens else {})}

@@ -16,9 +16,11 @@ from specdraft_eval.analytical import predicted_from_latencies
 from specdraft_eval.engine import speculative_generate
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.environment import hardware
-from specdraft_eval.files import atomic_write
+from specdraft_eval.files import atomic_write, write_json
 from specdraft_eval.stats import GenerationStats
+from zoo.leaderboard import png_bytes
 from zoo.profile import measure_and_write
+from zoo.progress import Tick, no_progress
 
 PROFILE_PROMPTS = 2
 
@@ -75,8 +77,6 @@ def validate(target, target_name: str, drafters: list, prompts: list[list[int]],
 
 def plot(result: dict, path: Path) -> None:
     """Predicted against measured tokens/s with min–max bars over repeats (the paper's Figure 12)."""
-    import io
-
     import matplotlib
 
     matplotlib.use("Agg")
@@ -106,8 +106,37 @@ def plot(result: dict, path: Path) -> None:
     ax.set_title(f"{result['target']}: median |dev| {result['median_abs_deviation']:.1%}, "
                  f"max {result['max_abs_deviation']:.1%}", fontsize=9)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", metadata={"Software": None})
-    plt.close(fig)
-    atomic_write(path, buffer.getvalue())
+    atomic_write(path, png_bytes(fig))
+
+
+def run(target_name: str, drafts: list[str], task: str, n_prompts: int, gammas: list[int], repeats: int,
+        max_new_tokens: int, plot_path: Path, kernels: str, tick: Tick = no_progress) -> dict:
+    """``zoo validate``: load the target and drafts, :func:`validate` on the task's prompts, write the plot at
+    ``plot_path`` and the figures beside it (``.json``); return the figures."""
+    from specdraft_eval.drafts import load_draft
+    from specdraft_eval.offline_data import task_prompts
+    from specdraft_eval.targets import load_target
+
+    check_options(n_prompts, repeats, max_new_tokens)
+    texts = task_prompts(task)
+    if len(texts) < n_prompts + PROFILE_PROMPTS:
+        raise SpecdecError(f"--prompts {n_prompts} leaves too few of {task}'s {len(texts)} prompts for the profile: "
+                           f"use at most {len(texts) - PROFILE_PROMPTS}")
+    model, tokenizer = load_target(target_name, kernels=kernels)
+    drafters = [load_draft(name, model, tokenizer) for name in drafts]
+    ids = [tokenizer(t).input_ids[-512:] for t in texts[: n_prompts + PROFILE_PROMPTS]]
+    tick(0, total=1 + repeats * len(drafters) * len(gammas))
+    result = validate(model, target_name, drafters, ids[:n_prompts], ids[n_prompts:], gammas, repeats,
+                      max_new_tokens, on_run=tick)
+    plot(result, plot_path)
+    write_json(plot_path.with_suffix(".json"), result)
+    return result
+
+
+def table_rows(result: dict) -> list[dict]:
+    """The rows as a text table shows them."""
+    return [{"draft": r["draft"], "γ": r["gamma"], "predicted tok/s": r["predicted_tokens_per_second"],
+             "measured tok/s": r["measured_tokens_per_second"],
+             "measured min–max": f"{r['measured_min']:.3g}–{r['measured_max']:.3g}",
+             "deviation": f"{r['deviation']:+.1%}", "TAR": r["tar"], "loop overhead": f"{r['loop_overhead']:.1%}"}
+            for r in result["rows"]]

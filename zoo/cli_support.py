@@ -1,0 +1,129 @@
+"""What every ``zoo`` command shares: one-line errors and exit codes, option parsing, tables, progress bars."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+import threading
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from tabulate import tabulate
+
+from specdraft_eval.errors import SpecdecError, interrupted_exit_code, one_line, terminate_as_interrupt
+from zoo.progress import Tick
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of a table.")]
+TargetOpt = Annotated[str, typer.Option("--target", "-t", help="Target model: alias, directory, .gguf or hub id.")]
+DraftsOpt = Annotated[Optional[list[str]], typer.Option("--drafts", "-d", help="Drafts (repeat the option).")]
+GammaOpt = Annotated[str, typer.Option("--gamma", help="Comma-separated γ values (draft tokens per step).")]
+OutOpt = Annotated[Path, typer.Option("--out", "-o", help="New directory for the draft (must not exist).")]
+MaxNewOpt = Annotated[int, typer.Option(help="Tokens per generation.")]
+ResultsOpt = Annotated[Optional[list[Path]], typer.Option(help="Results folders or files written by lm_eval "
+                                                     "--output_path (repeat); default: the published results.")]
+RepeatsOpt = Annotated[int, typer.Option(help="Timed repeats; medians, min and max are over these.")]
+KernelsOpt = Annotated[str, typer.Option(help="Linear-layer kernels: onednn (weights pre-packed once, CPU float32/bfloat16; "
+                                          "what lm_eval --model specdec uses by default) or plain (PyTorch's own).")]
+
+
+def cli_errors(fn):
+    """Bad input and interruptions end with one line on stderr and a non-zero exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from specdraft_eval.files import RecordWarning
+
+        def show(message, category, *rest, _previous=warnings.showwarning, **kw):
+            if issubclass(category, RecordWarning):
+                typer.echo(f"zoo: warning: {message}", err=True)
+            else:
+                _previous(message, category, *rest, **kw)
+
+        try:
+            with warnings.catch_warnings(), terminate_as_interrupt():
+                warnings.simplefilter("always", RecordWarning)
+                warnings.showwarning = show
+                return fn(*args, **kwargs)
+        except SpecdecError as exc:
+            typer.echo(one_line(exc).replace("specdec:", "zoo:", 1), err=True)
+            raise typer.Exit(1) from None
+        except OSError as exc:  # unwritable or full output location, unreadable input
+            where = f" {exc.filename}" if exc.filename else ""
+            typer.echo(f"zoo: error: cannot write or read{where}: {exc.strerror or exc}; choose a writable location "
+                       "with free space (e.g. another --out)", err=True)
+            raise typer.Exit(1) from None
+        except KeyboardInterrupt as exc:
+            from tqdm import tqdm
+
+            for bar in list(getattr(tqdm, "_instances", ())):  # end progress bars where they stopped, so the
+                bar.close()                                     # message below starts a line of its own
+            typer.echo("zoo: interrupted; nothing was left half-written: rerun the command", err=True)
+            if _busy_threads():  # e.g. `zoo pull`'s download workers: stop now, not when their files finish
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(interrupted_exit_code(exc))
+            raise typer.Exit(interrupted_exit_code(exc)) from None
+
+    return wrapper
+
+
+def _busy_threads() -> bool:
+    """Whether threads other than the main one would hold the process open at exit (the interpreter joins them).
+
+    Only ``zoo pull``'s download workers start such threads; the hub client writes each file under a temporary name
+    and renames it when complete, and ``zoo pull`` deletes its partial files on the way out, so leaving the workers
+    mid-file loses nothing: a rerun downloads what was not finished."""
+    main = threading.main_thread()
+    return any(t is not main and t.is_alive() and not t.daemon for t in threading.enumerate())
+
+
+def parse_positive_ints(text: str, option: str = "--gamma") -> list[int]:
+    """``"1,2,4,8"`` -> ``[1, 2, 4, 8]`` (sorted, distinct, each >= 1), or a one-line error naming ``option``."""
+    try:
+        values = sorted({int(v) for v in text.split(",") if v.strip()})
+    except ValueError:
+        values = []
+    if not values or values[0] < 1:
+        raise SpecdecError(f"bad {option} {text!r}: use integers >= 1 such as 1,2,4,8")
+    return values
+
+
+def emit(rows: list[dict] | dict, as_json: bool, headers: list[str] | None = None, floatfmt: str = ".3g") -> None:
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2, sort_keys=True))
+        return
+    rows = rows if isinstance(rows, list) else [rows]
+    keys = headers or list(rows[0])
+    typer.echo(tabulate([[r.get(k) for k in keys] for r in rows], headers=keys, tablefmt="github",
+                        floatfmt=floatfmt, missingval="-"))
+
+
+@contextmanager
+def progress(description: str) -> Iterator[Tick]:
+    """A progress bar, as the :class:`~zoo.progress.Tick` a library function reports to."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                  transient=True, console=None) as bar:
+        task = bar.add_task(description, total=None)
+
+        def tick(advance: int = 1, total: int | None = None) -> None:
+            if total is not None:
+                bar.update(task, total=total)
+            bar.advance(task, advance)
+
+        yield tick
+
+
+def one_gamma(text: str) -> int:
+    """``--gamma`` where a command runs one γ."""
+    values = parse_positive_ints(text)
+    if len(values) != 1:
+        raise SpecdecError(f"bad --gamma {text!r}: this command runs one γ, e.g. --gamma 4")
+    return values[0]
