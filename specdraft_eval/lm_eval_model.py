@@ -94,11 +94,13 @@ class SpecDecLM(HFLM):
         seed: int | None = None,
         device: str | None = None,
         kernels: str = kernel_paths.DEFAULT,
+        use_kernels: bool = False,
         **kwargs,
     ) -> None:
         if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
             signal.signal(signal.SIGTERM, raise_terminated)  # unwind like Ctrl-C, through every finally
         self.baseline = _as_bool("baseline", baseline)
+        self.use_kernels = _as_bool("use_kernels", use_kernels)  # transformers' hub kernels: off, so offline works
         self.seed = None if seed is None else int(seed)
         kernel_paths.check(kernels)
         self.target_name = pretrained if isinstance(pretrained, str) else type(pretrained).__name__
@@ -123,12 +125,12 @@ class SpecDecLM(HFLM):
         if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available():
             os.environ.setdefault("ACCELERATE_USE_CPU", "1")  # several processes on CPUs: accelerate's gloo group
         try:
-            super().__init__(pretrained=pretrained, device=device, **kwargs)
+            super().__init__(pretrained=pretrained, device=device, use_kernels=self.use_kernels, **kwargs)
         except TypeError as exc:  # a model_arg neither we, lm-eval's hf model nor from_pretrained take
             if "unexpected keyword argument" not in str(exc):
                 raise
             raise SpecdecError(f"model_args: {str(exc).split(': ', 1)[-1].strip()}: specdec takes draft, num_draft_tokens, "
-                               "dynamic_gamma, baseline, seed, kernels and what --model hf takes") from None
+                               "dynamic_gamma, baseline, seed, kernels, use_kernels and what --model hf takes") from None
         accelerator = getattr(self, "accelerator", None)
         if accelerator is not None and accelerator.num_processes > 1 and self._world_size == 1:
             # `accelerate launch` on CPUs: lm-eval's hf model splits documents only across GPUs it counts, so each
@@ -136,6 +138,7 @@ class SpecDecLM(HFLM):
             self._rank, self._world_size = accelerator.process_index, accelerator.num_processes
         kernel_paths.apply(self.model, kernels)  # before the draft, so that a layer view shares the packed layers
         self.draft_name = draft
+        self.model.specdraft_name, self.model.specdraft_use_kernels = self.target_name, self.use_kernels
         self._drafter = load_draft(draft, self.model, self.tokenizer)
         self._stats: dict[str, GenerationStats] = defaultdict(GenerationStats)
         # dynamic γ learns about the draft over the whole run, not again for every request
@@ -257,6 +260,8 @@ class SpecDecLM(HFLM):
             self._drafter.model,
             profile.latencies(self._drafter.name) if profile else None,
             self._mismatch_details,
+            dtype=str(self.model.dtype).removeprefix("torch."),
+            use_kernels=self.use_kernels,
         )
 
     def specdec_info(self) -> dict:

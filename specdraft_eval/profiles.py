@@ -167,6 +167,10 @@ class Calibration:
     max_relative_error: float | None = None
     rows: list[dict] = field(default_factory=list)
 
+    def __str__(self) -> str:
+        return (f"fit: ms/token = {self.per_layer_ms:.3g} ms × layers + weight bytes / {self.bandwidth_gb_s:.3g} GB/s "
+                f"(max error {self.max_relative_error:.1%})")
+
     def to_json(self) -> dict:
         return {"name": self.name, "per_layer_ms": self.per_layer_ms, "bandwidth_gb_s": self.bandwidth_gb_s,
                 "hardware": self.hardware, "runtime": self.runtime, "dtype_bytes": self.dtype_bytes,

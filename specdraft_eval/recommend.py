@@ -53,6 +53,12 @@ class Recommendation:
     reason: str
     candidates: list[Candidate] = field(default_factory=list)
 
+    def table_rows(self) -> list[dict]:
+        """The candidates as the text table shows them."""
+        return [{"draft": c.draft, "γ": c.num_draft_tokens, "dynamic γ": c.dynamic_gamma,
+                 "speedup by task": ", ".join(f"{t} {v:.2f}x" for t, v in sorted(c.speedup.items())),
+                 "score": c.score, "loads here": c.loadable} for c in self.candidates]
+
 
 def localised(draft: str) -> str | None:
     """``draft`` with relative paths that exist only among the published files made absolute; None if a part

@@ -57,16 +57,19 @@ class SpecdecRecord:
     # per mismatch (at most MAX_MISMATCH_DETAILS): task, first differing token index, both tokens, logit margin
     baseline_mismatch_details: list[dict] = field(default_factory=list)
     processes: int = 1  # how many processes' counters this record holds (data-parallel ranks, merged runs)
+    dtype: str = ""  # the target's weights' dtype ("" in files written before it was recorded)
+    use_kernels: bool = False  # whether transformers' hub kernels were asked for
 
     @classmethod
     def new(cls, target: str, draft: str, num_draft_tokens: int, dynamic_gamma: bool, device,
             per_task: dict[str, GenerationStats], draft_model=None,
-            latencies: Latencies | None = None, baseline_mismatch_details: list[dict] | None = None) -> SpecdecRecord:
+            latencies: Latencies | None = None, baseline_mismatch_details: list[dict] | None = None, *,
+            dtype: str = "", use_kernels: bool = False) -> SpecdecRecord:
         """A record of a run on ``device`` now (hardware name and package versions filled in)."""
         facts = ModelFacts.of(draft_model)
         return cls(target, draft, num_draft_tokens, dynamic_gamma, hardware(device), versions(),
                    facts.parameters_m, facts.layers, dict(per_task), latencies,
-                   list(baseline_mismatch_details or [])[:MAX_MISMATCH_DETAILS])
+                   list(baseline_mismatch_details or [])[:MAX_MISMATCH_DETAILS], dtype=dtype, use_kernels=use_kernels)
 
     @property
     def total(self) -> GenerationStats:
@@ -108,6 +111,8 @@ class SpecdecRecord:
             "draft_parameters_m": self.draft_parameters_m,
             "draft_layers": self.draft_layers,
             "hardware": self.hardware,
+            "dtype": self.dtype or None,
+            "use_kernels": self.use_kernels,
             "versions": self.versions,
             "generations": total.generations,
             "processes": self.processes,
@@ -138,7 +143,7 @@ class SpecdecRecord:
                        block.get("versions") or {}, block.get("draft_parameters_m") or 0.0,
                        block.get("draft_layers") or 0, per_task,
                        Latencies.from_json(block["latencies"]) if block.get("latencies") else None, details,
-                       int(block.get("processes", 1)))
+                       int(block.get("processes", 1)), block.get("dtype") or "", bool(block.get("use_kernels", False)))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise RecordError(f"{path}: malformed specdec record ({type(exc).__name__}: {exc}); "
                               "regenerate or remove it") from None

@@ -97,7 +97,7 @@ def _convert_gguf(source: ModelSource, target: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
-        loaded = AutoModelForCausalLM.from_pretrained(source.path, gguf_file=source.gguf_file)
+        loaded = AutoModelForCausalLM.from_pretrained(source.path, gguf_file=source.gguf_file, use_kernels=False)
         tokenizer = AutoTokenizer.from_pretrained(source.path, gguf_file=source.gguf_file)
     except Exception as exc:  # noqa: BLE001 - corrupt, truncated or unsupported GGUF
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
@@ -126,9 +126,50 @@ def _damaged(exc: Exception) -> bool:
                                          "magic", "eof"))
 
 
-def load_target(name: str, device: str = "cpu", dtype: str = "float32", kernels: str = "plain"):
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class LoadSettings:
+    """How every model of a run is loaded: device, dtype, linear-layer kernels, and whether transformers may
+    fetch its hub kernels (``use_kernels``; off by default, so loading never needs the network)."""
+
+    device: str = "cpu"
+    dtype: str = "float32"
+    kernels: str = "plain"
+    use_kernels: bool = False
+
+    @classmethod
+    def of(cls, device: str | None = None, dtype: str = "auto", kernels: str = "plain",
+           use_kernels: bool = False) -> LoadSettings:
+        """Checked settings: ``device`` None is ``cuda`` where a GPU is visible, else ``cpu``; ``dtype`` ``auto``
+        is bfloat16 on a GPU and float32 on the CPU."""
+        import torch
+
+        device = (device or ("cuda" if torch.cuda.is_available() else "cpu")).strip().lower()
+        try:
+            kind = torch.device(device).type
+        except RuntimeError:
+            raise SpecdecError(f"bad --device {device!r}: use cpu, cuda or cuda:N") from None
+        if kind not in ("cpu", "cuda"):
+            raise SpecdecError(f"bad --device {device!r}: use cpu, cuda or cuda:N")
+        if kind == "cuda" and not torch.cuda.is_available():
+            raise SpecdecError(f"--device {device}: no CUDA device is visible here; use --device cpu")
+        dtype = ("bfloat16" if kind == "cuda" else "float32") if dtype == "auto" else dtype
+        if dtype not in DTYPES:
+            raise SpecdecError(f"bad --dtype {dtype!r}: use auto, {', '.join(DTYPES)}")
+        return cls(device, dtype, kernels, use_kernels)
+
+    def load(self, name: str):
+        """:func:`load_target` with these settings."""
+        return load_target(name, self.device, self.dtype, self.kernels, self.use_kernels)
+
+
+def load_target(name: str, device: str = "cpu", dtype: str = "float32", kernels: str = "plain",
+                use_kernels: bool = False):
     """Load a causal LM and its tokenizer: ``model, tokenizer = load_target("smollm2-135m-instruct")``;
-    ``kernels="onednn"`` pre-packs its linear layers (:mod:`specdraft_eval.kernels`; inference only)."""
+    ``kernels="onednn"`` pre-packs its linear layers (:mod:`specdraft_eval.kernels`; inference only).
+    transformers' hub kernels are used only with ``use_kernels=True`` (they are fetched from the hub)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -140,11 +181,13 @@ def load_target(name: str, device: str = "cpu", dtype: str = "float32", kernels:
     kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
     try:
         tokenizer = AutoTokenizer.from_pretrained(source.path, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(source.path, dtype=getattr(torch, dtype), **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(source.path, dtype=getattr(torch, dtype), use_kernels=use_kernels,
+                                                     **kwargs)
     except Exception as exc:  # noqa: BLE001 - a file we did not write: corrupt, truncated, missing or foreign
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         hint = ("the weights are corrupt or truncated: download or rebuild them" if _damaged(exc) else
                 f"offline? run `zoo pull {name}` with network first, or check the name")
         raise SpecdecError(f"cannot load model {name!r}: {type(exc).__name__}: {first} ({hint})") from exc
     model.specdraft_name = name  # what draft=auto looks up results by
+    model.specdraft_use_kernels = use_kernels
     return kernel_paths.apply(model.to(device).eval(), kernels), tokenizer

@@ -66,7 +66,7 @@ def test_bench_catches_a_draft_that_changes_the_output(tiny, prompts_file, monke
     identical = {r["engine"]: r["identical"] for r in result["configs"]}
     assert identical[bench.AUTOREGRESSIVE] and identical[bench.ASSISTED] and not identical[bench.OURS]
     with pytest.raises(SpecdecError, match=r"specdraft \(layers:0, plain kernels\) differs .* on prompt 0 \('w"):
-        bench.check_identical(result, bench.load_prompts(None, prompts_file, 1))
+        bench.check_lossless(result, bench.load_prompts(None, prompts_file, 1))
 
 
 def test_bench_cli_json_and_table(tiny, prompts_file):
@@ -120,3 +120,24 @@ def test_transformers_assistant_gets_constant_gamma_from_its_own_config(tiny):
         assert (config.num_assistant_tokens, config.num_assistant_tokens_schedule,
                 config.assistant_confidence_threshold) == (3, "constant", 0.0)
     assert drafter.model.generation_config is own
+
+
+def test_reduced_precision_near_ties_are_numerics_and_everything_else_fails():
+    """The rule: in bfloat16/float16 a divergence within NEAR_TIE_LOGIT_MARGIN is counted as numerics; a larger
+    margin, an unknown one, or any divergence in float32 is a losslessness failure."""
+    import torch
+
+    assert bench.near_tie(0.2, torch.bfloat16) and bench.near_tie(-0.2, torch.float16)
+    assert not bench.near_tie(2.0, torch.bfloat16) and not bench.near_tie(0.01, torch.float32)
+    assert not bench.near_tie(None, torch.bfloat16)
+
+    def result(dtype: str, margin: float | None) -> dict:
+        row = {"engine": bench.OURS, "draft": "prompt-lookup:3", "kernels": "plain", "mismatched_prompts": [0],
+               "mismatch_logit_margins": [margin]}
+        row["numerics"] = int(bench.near_tie(margin, getattr(torch, dtype)))
+        return {"dtype": dtype, "configs": [row]}
+
+    assert "1 divergence(s), each a bfloat16 near-tie" in bench.check_lossless(result("bfloat16", 0.25), ["p"])
+    for dtype, margin in (("bfloat16", 3.0), ("bfloat16", None), ("float32", 0.01)):
+        with pytest.raises(SpecdecError, match="losslessness bug"):
+            bench.check_lossless(result(dtype, margin), ["p"])

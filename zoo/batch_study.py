@@ -21,6 +21,7 @@ from specdraft_eval.engine import (
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.environment import ModelFacts, hardware
 from specdraft_eval.stats import GenerationStats
+from specdraft_eval.targets import LoadSettings
 from zoo.bench import peak_memory_mb, spread, weight_bytes
 from zoo.progress import Tick, no_progress
 
@@ -94,12 +95,11 @@ def table_rows(result: dict) -> list[dict]:
 
 
 def study(target_name: str, drafts: list[str], prompts: list[str], batch_sizes: list[int], gamma: int, repeats: int,
-          max_new_tokens: int, dtype: str, kernels: str, tick: Tick = no_progress) -> dict:
-    """``zoo bench --batch-size``: load the target and drafts and :func:`run_batch_study`."""
+          max_new_tokens: int, settings: LoadSettings, tick: Tick = no_progress) -> dict:
+    """``zoo bench --batch-size``: load the target and drafts with ``settings`` and :func:`run_batch_study`."""
     from specdraft_eval.drafts import load_draft
-    from specdraft_eval.targets import load_target
 
-    model, tokenizer = load_target(target_name, dtype=dtype, kernels=kernels)
+    model, tokenizer = settings.load(target_name)
     drafters = [load_draft(name, model, tokenizer) for name in drafts]
     tick(0, total=sum(-(-len(prompts) // size) for size in batch_sizes) * repeats * len(drafters))
     return run_batch_study(model, tokenizer, drafters, prompts, batch_sizes, gamma, repeats, max_new_tokens,

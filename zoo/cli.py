@@ -9,8 +9,9 @@ import typer
 
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.targets import DEFAULT_TARGET
-from zoo.cli_support import (DraftsOpt, GammaOpt, JsonOpt, KernelsOpt, MaxNewOpt, OutOpt, RepeatsOpt, ResultsOpt,
-                             TargetOpt, cli_errors, emit, one_gamma, parse_positive_ints, progress)
+from zoo.cli_support import (DeviceOpt, DraftsOpt, DtypeOpt, GammaOpt, JsonOpt, KernelsOpt, MaxNewOpt, OutOpt,
+                             RepeatsOpt, ResultsOpt, TargetOpt, UseKernelsOpt, cli_errors, emit, load_settings,
+                             one_gamma, parse_positive_ints, progress)
 from zoo.rank import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TASK
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -64,13 +65,16 @@ def prune(
     on_policy: Annotated[bool, typer.Option(help="Distil on text the source model generates itself (slower).")] = False,
     vocab_top: Annotated[Optional[int], typer.Option(help="Give the draft a reduced output head over the K most "
                                                      "frequent calibration tokens (draft-side only).")] = None,
+    device: DeviceOpt = None, dtype: DtypeOpt = "float32", use_kernels: UseKernelsOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Build a depth-pruned draft (optionally distilled) as a normal HF model directory."""
     from zoo.prune import make_draft
 
+    settings = load_settings(device, dtype, use_kernels, "plain")
     with progress("distilling") as tick:
-        built = make_draft(model, out, layers, keep, select, calibration, distill_tokens, on_policy, vocab_top, tick)
+        built = make_draft(model, out, layers, keep, select, calibration, distill_tokens, on_policy, vocab_top,
+                           settings, tick)
     emit(built, as_json)
 
 
@@ -85,13 +89,15 @@ def ngram(
     new_tokens: Annotated[int, typer.Option(help="Tokens the target generates per prompt.")] = 128,
     max_prompts: Annotated[int, typer.Option(help="Continue at most this many prompts (the default keeps the build "
                                              "under 10 minutes on 2 CPU cores).")] = 160,
+    device: DeviceOpt = None, dtype: DtypeOpt = "auto", use_kernels: UseKernelsOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Build an n-gram draft (`draft=ngram:DIR`) from the target's own greedy continuations of held-in prompts."""
     from zoo.ngram import make_draft
 
+    settings = load_settings(device, dtype, use_kernels)
     with progress("continuing prompts") as tick:
-        emit(make_draft(model, out, prompts, new_tokens, max_prompts, tick), as_json)
+        emit(make_draft(model, out, prompts, new_tokens, max_prompts, settings, tick), as_json)
 
 
 @app.command()
@@ -108,26 +114,26 @@ def profile(
     calibrate: Annotated[Optional[str], typer.Option(help="With --sweep: store the fit as a calibration under this "
                                                      "GPU name, which `zoo rank --gpu NAME` then uses.")] = None,
     kernels: KernelsOpt = "onednn",
+    device: DeviceOpt = None, dtype: DtypeOpt = "auto", use_kernels: UseKernelsOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Measure t_target, t_verify(γ) and each draft's t_draft on this machine (default drafts: prompt-lookup);
-    write a profile for rank."""
+    """Measure t_target, t_verify(γ) and each draft's t_draft on this machine's --device (default drafts:
+    prompt-lookup); write a profile (keyed by the device's name) for rank."""
     from zoo import profile as prof
 
     if calibrate and not sweep:
         raise SpecdecError("--calibrate needs --sweep: the calibration is fitted to the depth/width sweep")
+    settings = load_settings(device, dtype, use_kernels, kernels)
     if sweep:
-        fit, path = prof.sweep(repeats, calibrate)
+        fit, path = prof.sweep(repeats, calibrate, settings)
         if as_json:
             emit({"rows": fit.rows, "fit": {**fit.to_json(), "rows": None, "path": str(path) if path else None}}, True)
             return
         emit(fit.rows, False)
-        typer.echo(f"fit: ms/token = {fit.per_layer_ms:.3g} ms × layers + weight bytes / {fit.bandwidth_gb_s:.3g} "
-                   f"GB/s (max error {fit.max_relative_error:.1%})"
-                   + (f"; calibration written to {path} for `zoo rank --gpu {calibrate}`" if calibrate else ""))
+        typer.echo(str(fit) + (f"; calibration written to {path} for `zoo rank --gpu {calibrate}`" if path else ""))
         return
     data, path = prof.profile_target(target, drafts or ["prompt-lookup"], parse_positive_ints(gamma), context,
-                                     repeats, out, kernels)
+                                     repeats, out, settings)
     if as_json:
         emit({**data.to_json(), "path": str(path)}, True)
         return
@@ -153,25 +159,23 @@ def rank(
     max_new_tokens: MaxNewOpt = DEFAULT_MAX_NEW_TOKENS,
     runtime: Annotated[str, typer.Option(help="With a named GPU: eager (PyTorch eager, as this engine) or "
                                          "cuda-graphs (torch.compile / graph replay).")] = "eager",
+    device: DeviceOpt = None, dtype: DtypeOpt = "auto", use_kernels: UseKernelsOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Rank drafts for a target and a GPU by predicted tokens/s (analytical model, measured TAR). Default drafts:
     prompt-lookup, a 5-layer view, local catalog drafts and every draft with results for the target.
 
     A named GPU ranks from model shapes alone (catalog or config.json), without weights."""
+    from zoo.rank import table_rows
     from zoo.ranking_run import run_rank
 
     rows = run_rank(target, gpu, task, measure, drafts, parse_positive_ints(gamma) if gamma else None,
-                    results or None, max_new_tokens, runtime)
+                    results or None, max_new_tokens, runtime, load_settings(device, dtype, use_kernels))
     if as_json:
         emit(rows, True)
         return
     typer.echo(f"target {target} on {gpu}: {rows[0]['target_ms_per_token']:.3g} ms per autoregressive token")
-    for row in rows:
-        row["tokens/s by γ"] = "  ".join(f"{g}: {tps:.3g}" for g, tps in row["predicted_by_gamma"].items()) or None
-    emit(rows, False, ["draft", "best_gamma", "predicted_tokens_per_second", "tokens/s by γ",
-                       "measured_tokens_per_second", "speedup", "tar", "tar_source", "draft_ms_per_token",
-                       "kv_bytes_per_token", "latency_source"])
+    emit(table_rows(rows), False)
 
 
 @app.command()
@@ -188,6 +192,7 @@ def validate(
     plot: Annotated[Path, typer.Option(help="Where to write the predicted-vs-measured plot (and beside it, "
                                        "the figures as .json); default: the working directory.")] = Path("validation.png"),
     kernels: KernelsOpt = "onednn",
+    device: DeviceOpt = None, dtype: DtypeOpt = "auto", use_kernels: UseKernelsOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Check the analytical model: predict tokens/s from a separate profile and measured TAR, then measure
@@ -196,7 +201,8 @@ def validate(
 
     with progress("profiling, then measuring") as tick:
         result = validation.run(target, drafts or ["prompt-lookup", "layers:0-4"], task, prompts,
-                                parse_positive_ints(gamma), repeats, max_new_tokens, plot, kernels, tick)
+                                parse_positive_ints(gamma), repeats, max_new_tokens, plot,
+                                load_settings(device, dtype, use_kernels, kernels), tick)
     if as_json:
         emit(result["rows"], True)
         return
@@ -220,8 +226,8 @@ def bench(
                                        "starts there.")] = "4",
     repeats: RepeatsOpt = 3,
     max_new_tokens: MaxNewOpt = 128,
-    dtype: Annotated[str, typer.Option(help="Weights' dtype: float32, bfloat16 or float16.")] = "float32",
     kernels: KernelsOpt = "onednn",
+    device: DeviceOpt = None, dtype: DtypeOpt = "auto", use_kernels: UseKernelsOpt = False,
     batch_size: Annotated[Optional[str], typer.Option(
         "--batch-size", help="Batch study instead: comma-separated batch sizes (e.g. 1,2,4,8); tokens/s of our "
         "batched engine, speculative and plain, per batch size (--limit is raised to the largest).")] = None,
@@ -232,16 +238,13 @@ def bench(
     from zoo import batch_study
     from zoo import bench as benchmark
 
-    if task and prompts:
-        raise SpecdecError("give --task or --prompts, not both")
-    if dtype not in ("float32", "bfloat16", "float16"):
-        raise SpecdecError(f"bad --dtype {dtype!r}: use float32, bfloat16 or float16")
     sizes = parse_positive_ints(batch_size, "--batch-size") if batch_size is not None else None
     texts = benchmark.load_prompts(task, prompts, limit if sizes is None or limit < 1 else max(limit, *sizes))
-    args, g = (target, drafts or ["prompt-lookup"], texts), one_gamma(gamma)
+    args, g, settings = (target, drafts or ["prompt-lookup"], texts), one_gamma(gamma), load_settings(
+        device, dtype, use_kernels, kernels)
     with progress("batch study" if sizes else "benchmarking") as tick:
-        result = (batch_study.study(*args, sizes, g, repeats, max_new_tokens, dtype, kernels, tick) if sizes else
-                  benchmark.bench(*args, g, repeats, max_new_tokens, dtype, kernels, tick))
+        result = (batch_study.study(*args, sizes, g, repeats, max_new_tokens, settings, tick) if sizes else
+                  benchmark.bench(*args, g, repeats, max_new_tokens, settings, tick))
     result["task"] = None if prompts else task or "specdec_humaneval"
     if as_json:
         emit(result, True)
@@ -278,9 +281,7 @@ def recommend(
     typer.echo(f"draft=auto for {target}: draft={choice.draft}, num_draft_tokens={choice.num_draft_tokens}, "
                f"dynamic_gamma={str(choice.dynamic_gamma).lower()}\n  {choice.reason}")
     if choice.candidates:
-        emit([{"draft": c.draft, "γ": c.num_draft_tokens, "dynamic γ": c.dynamic_gamma,
-               "speedup by task": ", ".join(f"{t} {v:.2f}x" for t, v in sorted(c.speedup.items())),
-               "score": c.score, "loads here": c.loadable} for c in choice.candidates], False, floatfmt=".2f")
+        emit(choice.table_rows(), False, floatfmt=".2f")
 
 
 @app.command()

@@ -17,6 +17,7 @@ import typer
 from tabulate import tabulate
 
 from specdraft_eval.errors import SpecdecError, interrupted_exit_code, one_line, terminate_as_interrupt
+from specdraft_eval.targets import LoadSettings
 from zoo.progress import Tick
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of a table.")]
@@ -28,6 +29,12 @@ MaxNewOpt = Annotated[int, typer.Option(help="Tokens per generation.")]
 ResultsOpt = Annotated[Optional[list[Path]], typer.Option(help="Results folders or files written by lm_eval "
                                                      "--output_path (repeat); default: the published results.")]
 RepeatsOpt = Annotated[int, typer.Option(help="Timed repeats; medians, min and max are over these.")]
+DeviceOpt = Annotated[Optional[str], typer.Option(help="Device to load models on: cpu, cuda, cuda:N "
+                                                  "(default: cuda where a GPU is visible, else cpu).")]
+DtypeOpt = Annotated[str, typer.Option(help="Weights' dtype: auto (bfloat16 on a GPU, float32 on the CPU), float32, "
+                                       "bfloat16 or float16.")]
+UseKernelsOpt = Annotated[bool, typer.Option("--use-kernels", help="Let transformers fetch its hub kernels (needs "
+                                             "the network; off by default).")]
 KernelsOpt = Annotated[str, typer.Option(help="Linear-layer kernels: onednn (weights pre-packed once, CPU float32/bfloat16; "
                                           "what lm_eval --model specdec uses by default) or plain (PyTorch's own).")]
 
@@ -119,6 +126,14 @@ def progress(description: str) -> Iterator[Tick]:
             bar.advance(task, advance)
 
         yield tick
+
+
+def load_settings(device: str | None, dtype: str, use_kernels: bool, kernels: str = "onednn") -> LoadSettings:
+    """The checked :class:`~specdraft_eval.targets.LoadSettings` of a command's options."""
+    from specdraft_eval import kernels as kernel_paths
+
+    kernel_paths.check(kernels)
+    return LoadSettings.of(device, dtype, kernels, use_kernels)
 
 
 def one_gamma(text: str) -> int:

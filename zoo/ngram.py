@@ -18,6 +18,7 @@ from specdraft_eval.drafts.ngram import save_continuations
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.offline_data import task_prompts
 from specdraft_eval.files import atomic_output
+from specdraft_eval.targets import LoadSettings
 from zoo.prune import HELD_OUT, check_out
 from zoo.progress import Tick, no_progress
 
@@ -87,13 +88,12 @@ def build(target, tokenizer, target_name: str, prompts: list[str], new_tokens: i
 
 
 def make_draft(model: str, out: Path, prompts: str | None, new_tokens: int, max_prompts: int,
-               tick: Tick = no_progress) -> dict:
-    """``zoo ngram``: continue held-in prompts with ``model`` and save the n-gram draft at ``out``."""
-    from specdraft_eval.targets import load_target
-
+               settings: LoadSettings = LoadSettings(kernels="onednn"), tick: Tick = no_progress) -> dict:
+    """``zoo ngram``: continue held-in prompts with ``model`` (loaded with ``settings``) and save the n-gram draft
+    at ``out``."""
     check_out(out)
     texts = ngram_prompts(prompts, max_prompts)
-    target, tokenizer = load_target(model, kernels="onednn")
+    target, tokenizer = settings.load(model)
     tick(0, total=len(texts))
     meta = build(target, tokenizer, model, texts, new_tokens, out, on_batch=tick)
     return {"out": str(out), "draft": f"ngram:{out}", **meta}

@@ -21,6 +21,7 @@ from specdraft_eval.profiles import (
     write_profile,
 )
 from specdraft_eval.sampling import Sampler
+from specdraft_eval.targets import LoadSettings
 
 
 WARMUP_STEPS = 3
@@ -90,14 +91,15 @@ def engine_latency(target, drafters: list, gammas: list[int], prompts: list[list
 
 
 @torch.inference_mode()
-def width_depth_sweep(repeats: int = 7, context: int = 128) -> list[dict]:
+def width_depth_sweep(repeats: int = 7, context: int = 128, device: str | None = None,
+                      dtype: torch.dtype | None = None) -> list[dict]:
     """ms per token of random-weight Llama models: equal parameter count at several depth/width splits,
     then depth at fixed width and width at fixed depth (the paper: latency ~ depth, hardly width). On a GPU
     the models run there in bfloat16; each row says the bytes of weights one step reads."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    device = default_device()
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    device = device or default_device()
+    dtype = dtype or (torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32)
 
     def run(layers: int, hidden: int, group: str) -> dict:
         config = LlamaConfig(
@@ -153,24 +155,24 @@ def ensure_profile(target, target_name: str, drafters: list, gammas: list[int], 
     return measure_and_write(target, target_name, missing, gammas, context, repeats, path)[0]
 
 
-def sweep(repeats: int, calibrate: str | None) -> tuple[Calibration, Path | None]:
-    """Run :func:`width_depth_sweep` on this machine's device and fit the latency model to it; with
+def sweep(repeats: int, calibrate: str | None, settings: LoadSettings) -> tuple[Calibration, Path | None]:
+    """Run :func:`width_depth_sweep` on ``settings``' device and dtype and fit the latency model to it; with
     ``calibrate``, store the fit under that name for ``zoo rank --gpu NAME`` (its path is returned)."""
     from zoo.hardware import fit_sweep
 
-    device = default_device()
-    fit = fit_sweep(width_depth_sweep(repeats), calibrate or hardware(device), hardware(device),
-                    dtype_bytes=2 if device == "cuda" else 4)
+    dtype = getattr(torch, settings.dtype)
+    rows = width_depth_sweep(repeats, device=settings.device, dtype=dtype)
+    fit = fit_sweep(rows, calibrate or hardware(settings.device), hardware(settings.device),
+                    dtype_bytes=torch.finfo(dtype).bits // 8)
     return fit, write_calibration(fit) if calibrate else None
 
 
 def profile_target(target_name: str, drafts: list[str], gammas: list[int], context: int, repeats: int,
-                   out: Path | None, kernels: str) -> tuple[Profile, Path]:
-    """``zoo profile``: load the target and drafts and :func:`measure_and_write`."""
+                   out: Path | None, settings: LoadSettings) -> tuple[Profile, Path]:
+    """``zoo profile``: load the target and drafts with ``settings`` and :func:`measure_and_write`."""
     from specdraft_eval.drafts import load_draft
-    from specdraft_eval.targets import load_target
 
-    model, tokenizer = load_target(target_name, kernels=kernels)
+    model, tokenizer = settings.load(target_name)
     drafters = [load_draft(name, model, tokenizer) for name in drafts]
     return measure_and_write(model, target_name, drafters, gammas, context, repeats, out)
 

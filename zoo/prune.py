@@ -20,6 +20,7 @@ from specdraft_eval.drafts.model import DRAFT_VOCAB_FILE
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.files import atomic_output
 from specdraft_eval.offline_data import humaneval_problems, mmlu_cot_docs, task_prompts
+from specdraft_eval.targets import LoadSettings
 from zoo.progress import Tick, no_progress
 
 SELECTIONS = ("first", "uniform", "block-influence")
@@ -180,15 +181,14 @@ def check_out(out: Path) -> None:
 
 
 def make_draft(model: str, out: Path, layers: int | None, keep: str | None, select: str, calibration: str | None,
-               distill_tokens: int, on_policy: bool, vocab_top: int | None, tick: Tick = no_progress) -> dict:
-    """``zoo prune``: load ``model``, keep its chosen layers, optionally distil and give a reduced head, save the
-    draft at ``out`` atomically; return what was built."""
-    from specdraft_eval.targets import load_target
-
+               distill_tokens: int, on_policy: bool, vocab_top: int | None, settings: LoadSettings = LoadSettings(),
+               tick: Tick = no_progress) -> dict:
+    """``zoo prune``: load ``model`` (with ``settings``: distillation runs on its device), keep its chosen layers,
+    optionally distil and give a reduced head, save the draft at ``out`` atomically; return what was built."""
     check_out(out)
     if distill_tokens < 0:
         raise SpecdecError(f"--distill-tokens {distill_tokens} must be >= 0")
-    source, tokenizer = load_target(model)
+    source, tokenizer = settings.load(model)
     needs_text = bool(distill_tokens) or vocab_top is not None or (select == "block-influence" and keep is None)
     texts = calibration_texts(calibration) if calibration or needs_text else []
     kept = resolve_keep(source, tokenizer, layers, keep, select, texts)

@@ -80,6 +80,15 @@ def missing_tar_hint(target: str, task: str, draft: str) -> str:
             f"draft={draft}` on {task}")
 
 
+def table_rows(rows: list[dict]) -> list[dict]:
+    """Ranked rows as the text table shows them (every γ's prediction on one line)."""
+    keys = ["draft", "best_gamma", "predicted_tokens_per_second", "measured_tokens_per_second", "speedup", "tar",
+            "tar_source", "draft_ms_per_token", "kv_bytes_per_token", "latency_source"]
+    return [{**{k: r[k] for k in keys[:3]},
+             "tokens/s by γ": "  ".join(f"{g}: {tps:.3g}" for g, tps in r["predicted_by_gamma"].items()) or None,
+             **{k: r[k] for k in keys[3:]}} for r in rows]
+
+
 def rank(candidates: list[Candidate], t_target_ms: float, t_verify_ms: dict[int, float],
          gammas: list[int] | None = None) -> list[dict]:
     """Rows sorted by predicted tokens/s at each draft's best γ (drafts without TAR last).

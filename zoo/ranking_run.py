@@ -13,7 +13,7 @@ from specdraft_eval.environment import ModelFacts
 from specdraft_eval.files import RecordWarning
 from specdraft_eval.profiles import read_calibration
 from specdraft_eval.record import scan_results
-from specdraft_eval.targets import ALIASES, load_target
+from specdraft_eval.targets import ALIASES, LoadSettings
 from zoo import catalog, hardware, shapes
 from zoo import profile as prof
 from zoo.rank import (DEFAULT_MAX_NEW_TOKENS, DEFAULT_TASK, MEASURE_GAMMAS, Candidate, measure,
@@ -39,10 +39,11 @@ def default_drafts(target_name: str, depth: int) -> list[str]:
 def run_rank(target_name: str, gpu: str = "this", task: str = DEFAULT_TASK, n_measure: int = 0,
              drafts: list[str] | None = None, gammas: list[int] | None = None,
              results: list[Path] | None = None, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-             runtime: str = "eager") -> list[dict]:
+             runtime: str = "eager", settings: LoadSettings = LoadSettings(kernels="onednn")) -> list[dict]:
     """Rank ``drafts`` (default: the defaults plus every draft with results for this target) for ``gpu``.
 
-    ``gpu`` "this" loads the models and times them (the profile); a named GPU ranks from shapes alone (the
+    ``gpu`` "this" loads the models with ``settings`` and times them on its device (the profile of that
+    device); a named GPU ranks from shapes alone (the
     catalog or config.json files) with the latency model of :mod:`zoo.hardware`, so no weights are needed
     unless ``n_measure`` asks to measure TAR. ``gammas`` None ranks every γ results give a TAR for (up to
     the largest γ run), or 1, 2, 4, 8.
@@ -53,7 +54,7 @@ def run_rank(target_name: str, gpu: str = "this", task: str = DEFAULT_TASK, n_me
     files = scan_results(results if results is not None else [published.results()])
     records = {f.record.draft: f.record for f in files if f.record.target == target_name}
     if accelerator is None:
-        return _rank_here(target_name, task, n_measure, drafts, gammas, files, records, max_new_tokens)
+        return _rank_here(target_name, task, n_measure, drafts, gammas, files, records, max_new_tokens, settings)
     target = shapes.model_shape(target_name)
     names = drafts or ["prompt-lookup", f"layers:0-{min(5, target.shape.layers) - 1}", *sorted(records)]
     resolved = {}
@@ -71,18 +72,17 @@ def run_rank(target_name: str, gpu: str = "this", task: str = DEFAULT_TASK, n_me
         c.missing = missing_tar_hint(target_name, task, name)
         candidates.append(c)
     if n_measure:
-        _measure_tar(target_name, task, n_measure, candidates, gammas or list(MEASURE_GAMMAS), max_new_tokens)
+        _measure_tar(*settings.load(target_name), task, n_measure, candidates, gammas or list(MEASURE_GAMMAS),
+                     max_new_tokens)
     wanted = gammas or sorted({g for c in candidates for g in c.tar}) or list(MEASURE_GAMMAS)
     t_target = hardware.forward_seconds(target.shape, 1, accelerator, runtime) * 1000
     t_verify = {g: hardware.forward_seconds(target.shape, g + 1, accelerator, runtime) * 1000 for g in wanted}
     return rank(candidates, t_target, t_verify, gammas)
 
 
-def _measure_tar(target_name: str, task: str, n: int, candidates: list[Candidate], gammas: list[int],
-                 max_new_tokens: int, target=None, tokenizer=None, drafters: dict | None = None) -> None:
+def _measure_tar(target, tokenizer, task: str, n: int, candidates: list[Candidate], gammas: list[int],
+                 max_new_tokens: int, drafters: dict | None = None) -> None:
     """Measure TAR (and tokens/s here, shown beside the prediction) on the task's first ``n`` prompts."""
-    if target is None:
-        target, tokenizer = load_target(target_name, kernels="onednn")  # as lm_eval --model specdec runs
     prompts = [tokenizer(text, return_tensors="pt").input_ids[:, -512:] for text in task_prompts(task)[:n]]
     for c in candidates:
         drafter = (drafters or {}).get(c.draft) or load_draft(c.draft, target, tokenizer)
@@ -93,9 +93,9 @@ def _measure_tar(target_name: str, task: str, n: int, candidates: list[Candidate
 
 
 def _rank_here(target_name: str, task: str, n_measure: int, drafts: list[str] | None, gammas: list[int] | None,
-               files: list, records: dict, max_new_tokens: int) -> list[dict]:
+               files: list, records: dict, max_new_tokens: int, settings: LoadSettings) -> list[dict]:
     """``--gpu this``: load the models and take latencies from this machine's profile."""
-    target, tokenizer = load_target(target_name, kernels="onednn")  # as lm_eval --model specdec runs
+    target, tokenizer = settings.load(target_name)
     names = drafts or default_drafts(target_name, target.config.num_hidden_layers) + sorted(records)
     drafters = {}
     for name in names:
@@ -116,8 +116,8 @@ def _rank_here(target_name: str, task: str, n_measure: int, drafts: list[str] | 
         c.missing = missing_tar_hint(target_name, task, name)
         candidates.append(c)
     if n_measure:
-        _measure_tar(target_name, task, n_measure, candidates, gammas or list(MEASURE_GAMMAS), max_new_tokens,
-                     target, tokenizer, drafters)
+        _measure_tar(target, tokenizer, task, n_measure, candidates, gammas or list(MEASURE_GAMMAS), max_new_tokens,
+                     drafters)
     wanted = gammas or sorted({g for c in candidates for g in c.tar}) or list(MEASURE_GAMMAS)
     profile = prof.ensure_profile(target, target_name, list(drafters.values()), wanted, PROFILE_CONTEXT,
                                   PROFILE_REPEATS)

@@ -18,6 +18,7 @@ from specdraft_eval.errors import SpecdecError
 from specdraft_eval.environment import hardware
 from specdraft_eval.files import atomic_write, write_json
 from specdraft_eval.stats import GenerationStats
+from specdraft_eval.targets import LoadSettings
 from zoo.leaderboard import png_bytes
 from zoo.profile import measure_and_write
 from zoo.progress import Tick, no_progress
@@ -110,19 +111,18 @@ def plot(result: dict, path: Path) -> None:
 
 
 def run(target_name: str, drafts: list[str], task: str, n_prompts: int, gammas: list[int], repeats: int,
-        max_new_tokens: int, plot_path: Path, kernels: str, tick: Tick = no_progress) -> dict:
-    """``zoo validate``: load the target and drafts, :func:`validate` on the task's prompts, write the plot at
-    ``plot_path`` and the figures beside it (``.json``); return the figures."""
+        max_new_tokens: int, plot_path: Path, settings: LoadSettings, tick: Tick = no_progress) -> dict:
+    """``zoo validate``: load the target and drafts with ``settings``, :func:`validate` on the task's prompts,
+    write the plot at ``plot_path`` and the figures beside it (``.json``); return the figures."""
     from specdraft_eval.drafts import load_draft
     from specdraft_eval.offline_data import task_prompts
-    from specdraft_eval.targets import load_target
 
     check_options(n_prompts, repeats, max_new_tokens)
     texts = task_prompts(task)
     if len(texts) < n_prompts + PROFILE_PROMPTS:
         raise SpecdecError(f"--prompts {n_prompts} leaves too few of {task}'s {len(texts)} prompts for the profile: "
                            f"use at most {len(texts) - PROFILE_PROMPTS}")
-    model, tokenizer = load_target(target_name, kernels=kernels)
+    model, tokenizer = settings.load(target_name)
     drafters = [load_draft(name, model, tokenizer) for name in drafts]
     ids = [tokenizer(t).input_ids[-512:] for t in texts[: n_prompts + PROFILE_PROMPTS]]
     tick(0, total=1 + repeats * len(drafters) * len(gammas))

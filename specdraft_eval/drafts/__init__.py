@@ -48,7 +48,8 @@ def load_draft(spec: str | DraftSpec, target, tokenizer) -> Drafter:
     name = spec.arg
     dtype = str(target.dtype).removeprefix("torch.")
     try:
-        model, draft_tokenizer = load_target(name, device=str(target.device), dtype=dtype)
+        model, draft_tokenizer = load_target(name, device=str(target.device), dtype=dtype,
+                                             use_kernels=getattr(target, "specdraft_use_kernels", False))
     except SpecdecError as exc:
         raise SpecdecError(f"draft {name!r}: {exc}; draft kinds are {', '.join(kinds)}") from exc
     check_tokenizers(tokenizer, draft_tokenizer, name)

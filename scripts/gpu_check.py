@@ -1,0 +1,295 @@
+"""The project's prepared GPU check: one command, no network, figures written after each part.
+
+    python scripts/gpu_check.py [--small] [--out DIR] [--parts 1,2,3,4] [--tokenizer DIR]
+
+Random-weight Llama shapes (no weights are needed; the output head is scaled so greedy choices are not
+near-ties everywhere), bf16 on the GPU (float32 with ``--small``, which runs the same code on the CPU with tiny
+shapes in under 2 minutes):
+
+1. batch-1 step latency (the engine's ``verify_step`` at k = 0, context 128) vs depth (1-32 layers at width 4096)
+   and width (1024-8192 at 4 layers), the paper's draft shapes and Llama-2-7B/13B shapes: every shape built
+   first, warmed up, then measured in interleaved rounds (median, min, max over rounds);
+2. verification cost of k = 0..16 draft tokens on the 7B shape at contexts 128 and 1024;
+3. ``zoo bench`` on the 7B shape: transformers ``generate`` and assisted generation, ours at fixed and dynamic γ,
+   prompt lookup and a 5-layer view;
+4. ``lm_eval --model specdec --device DEVICE`` on a small model saved to disk, batch 1 and 4, ``baseline=true``.
+
+Writes ``gpu_check.json`` after each part and ``gpu.md`` (the four tables) into ``--out``; a part that fails is
+recorded with its error and the next one runs. Exit code 0 when every part ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import glob
+import json
+import statistics
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from specdraft_eval.environment import hardware, versions  # noqa: E402
+from specdraft_eval.files import atomic_write, write_json  # noqa: E402
+
+DEPTHS = (1, 2, 4, 8, 16, 32)
+WIDTHS = (1024, 2048, 4096, 8192)
+NAMED = [("Sheared-LLaMA-1.3B (24 x 2048)", 24, 2048, 5504, 16, 16), ("TinyLlama-1.1B (22 x 2048, GQA 4)", 22, 2048,
+         5632, 32, 4), ("wide 1.3B (5 x 4096)", 5, 4096, 11008, 32, 32), ("Llama-2-7B shape (32 x 4096)", 32, 4096,
+         11008, 32, 32), ("Llama-2-13B shape (40 x 5120)", 40, 5120, 13824, 40, 40)]
+
+
+class Check:
+    """Settings of one run, the figures so far, and where they go."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.small, self.out, self.args = args.small, Path(args.out), args
+        self.device = "cpu" if args.small else "cuda"
+        self.dtype = torch.float32 if args.small else torch.bfloat16
+        self.start = time.perf_counter()
+        self.results: dict = {"small": self.small, "device": hardware(self.device), "versions": versions(),
+                              "torch_cuda": torch.version.cuda, "dtype": str(self.dtype).removeprefix("torch.")}
+        self._tokenizer = None
+        self._target = None
+
+    def log(self, *parts) -> None:
+        print(f"[{time.perf_counter() - self.start:6.1f}s]", *parts, flush=True)
+
+    def save(self) -> None:
+        self.results["elapsed_s"] = round(time.perf_counter() - self.start, 1)
+        write_json(self.out / "gpu_check.json", self.results)
+        atomic_write(self.out / "gpu.md", report(self.results))
+
+    def model(self, layers: int, hidden: int, inter: int, heads: int, kv_heads: int, vocab: int = 32000):
+        """A random-weight Llama of this shape on the device (tiny proportions with ``--small``)."""
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        if self.small:
+            hidden, inter, heads, kv_heads = max(hidden // 64, 32), max(inter // 64, 64), 2, 2
+            vocab = vocab if vocab == self.tokenizer.vocab_size else 512
+        config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+                             num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=4096,
+                             tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+        torch.manual_seed(0)
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(self.dtype)
+        try:
+            with torch.device(self.device):
+                model = LlamaForCausalLM(config).eval()
+        finally:
+            torch.set_default_dtype(previous)
+        with torch.no_grad():
+            model.lm_head.weight.mul_(8.0)  # peaky next-token distributions: greedy choices are not near-ties
+        model.generation_config.eos_token_id = None
+        return model
+
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            path = self.args.tokenizer
+            if path is None:
+                from specdraft_eval.targets import DEFAULT_TARGET, local_dir, resolve
+
+                path = local_dir(resolve(DEFAULT_TARGET)).path
+            self._tokenizer = AutoTokenizer.from_pretrained(path)
+        return self._tokenizer
+
+    def target(self):
+        """The 7B-shaped target (vocabulary of the tokenizer), built once."""
+        if self._target is None:
+            self._target = self.model(32, 4096, 11008, 32, 32, vocab=len(self.tokenizer))
+        return self._target
+
+    def free(self) -> None:
+        gc.collect()
+        if self.device == "cuda":
+            torch.cuda.empty_cache()
+
+
+def step_latency(check: Check) -> None:
+    """Part 1: ms per batch-1 step by shape, interleaved rounds after a warm-up per shape."""
+    from zoo.profile import context_tokens, engine_latency
+
+    shapes = [(f"depth {n}", n, 4096, 11008, 32, 32) for n in DEPTHS]
+    shapes += [(f"width {w}", 4, w, int(w * 2.6875), w // 128, w // 128) for w in WIDTHS if w != 4096]
+    shapes += NAMED
+    models = [check.model(*shape[1:]) for shape in shapes]
+    prompts = [context_tokens(128, m.config.vocab_size) for m in models]
+    for model, prompt in zip(models, prompts):  # warm-up per shape: first use of a shape is not measured
+        engine_latency(model, [], [], [prompt], 2)
+    rounds: list[list[float]] = [[] for _ in shapes]
+    for _ in range(check.args.rounds):
+        for i, (model, prompt) in enumerate(zip(models, prompts)):
+            rounds[i].append(engine_latency(model, [], [], [prompt], check.args.steps)[0][0].median)
+    rows = []
+    for (name, layers, *_), model, samples in zip(shapes, models, rounds):
+        weights = sum(p.numel() for p in model.parameters()) - model.get_input_embeddings().weight.numel()
+        rows.append({"shape": name, "layers": layers, "hidden_size": model.config.hidden_size,
+                     "params_m": round(sum(p.numel() for p in model.parameters()) / 1e6, 1),
+                     "weight_bytes": weights * model.dtype.itemsize, "ms_median": statistics.median(samples),
+                     "ms_min": min(samples), "ms_max": max(samples), "rounds_ms": samples})
+        check.log(f"1 {name:36s} {rows[-1]['ms_median']:8.2f} ms ({min(samples):.2f}-{max(samples):.2f})")
+    check.results["step_latency"] = {"context": 128, "rounds": check.args.rounds, "steps": check.args.steps,
+                                     "attention": models[0].config._attn_implementation, "rows": rows}
+    del models
+    check.free()
+
+
+def verify_cost(check: Check) -> None:
+    """Part 2: ms to verify k = 0..16 draft tokens on the 7B shape, at contexts 128 and 1024."""
+    from zoo.profile import context_tokens, engine_latency
+
+    target, rows = check.target(), []
+    for context in (128, 1024):
+        verify, _ = engine_latency(target, [], [16], [context_tokens(context, target.config.vocab_size)],
+                                   check.args.steps)
+        for k, spread in sorted(verify.items()):
+            rows.append({"context": context, "k": k, "ms_median": spread.median, "ms_min": spread.min,
+                         "ms_max": spread.max, "vs_step": spread.median / verify[0].median})
+        check.log(f"2 context {context}: " + " ".join(f"{k}:{s.median / verify[0].median:.2f}"
+                                                      for k, s in sorted(verify.items())))
+    check.results["verify_cost"] = {"rows": rows}
+
+
+def bench(check: Check) -> None:
+    """Part 3: zoo bench's comparison on the 7B shape."""
+    from specdraft_eval.drafts import load_draft
+    from specdraft_eval.offline_data import task_prompts
+    from specdraft_eval.errors import SpecdecError
+    from zoo.bench import check_lossless, run_bench
+
+    target = check.target()
+    prompts = task_prompts("specdec_humaneval")[:3] + task_prompts("specdec_mmlu_cot")[:1]
+    drafters = [load_draft("prompt-lookup", target, check.tokenizer), load_draft("layers:0-4", target, check.tokenizer)]
+    result = run_bench(target, "random-weight Llama-2-7B shape", check.tokenizer, drafters, prompts, 4,
+                       check.args.repeats, check.args.new_tokens)
+    try:
+        result["lossless"] = check_lossless(result, prompts)
+    except SpecdecError as exc:  # a finding to publish, not a crash
+        result["lossless"] = f"FAILED: {exc}"
+    check.results["bench"] = result
+    for row in result["configs"]:
+        check.log(f"3 {row['engine']:32s} {row['draft'] or '-':18s} {row['tokens_per_second']['median']:8.1f} tok/s "
+                  f"x{row['vs_autoregressive']['median']:.2f} TAR {row['tar']}")
+
+
+def lm_eval_run(check: Check) -> None:
+    """Part 4: the user's command on the device, a small saved model, batch 1 and 4, baseline=true."""
+    model = check.model(4, 1024, 2816, 8, 8, vocab=len(check.tokenizer))
+    folder = Path(tempfile.mkdtemp(prefix="gpu-check-model-"))
+    model.save_pretrained(folder)
+    check.tokenizer.save_pretrained(folder)
+    del model
+    check.free()
+    runs = []
+    for batch in (1, 4):
+        out = folder / f"results-{batch}"
+        dtype = str(check.dtype).removeprefix("torch.")
+        code = ("import sys, specdraft_eval._lm_eval_hook; from lm_eval.__main__ import cli_evaluate; "
+                "sys.argv = ['lm_eval'] + sys.argv[1:]; cli_evaluate()")
+        args = ["--model", "specdec", "--model_args", f"pretrained={folder},draft=prompt-lookup,baseline=true,dtype={dtype}",
+                "--device", check.device, "--include_path", str(ROOT / "tasks"), "--tasks", "specdec_humaneval",
+                "--limit", str(check.args.lm_eval_limit), "--confirm_run_unsafe_code", "--gen_kwargs",
+                f"max_gen_toks={check.args.new_tokens}", "--batch_size", str(batch), "--output_path", str(out)]
+        started = time.perf_counter()
+        done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(sys.path)})
+        files = sorted(glob.glob(str(out / "**" / "results_*.json"), recursive=True))
+        block = json.loads(Path(files[-1]).read_text())["config"]["specdec"] if files else None
+        runs.append({"batch_size": batch, "returncode": done.returncode, "seconds": time.perf_counter() - started,
+                     "stderr_tail": done.stderr[-1500:] if done.returncode else "", "specdec": block})
+        check.log(f"4 batch {batch}: exit {done.returncode}" + (f", TAR {block['tar']:.2f}, speedup {block['speedup']}"
+                                                             f", mismatches {block['baseline_mismatches']}" if block else ""))
+    check.results["lm_eval"] = {"runs": runs}
+    if any(r["returncode"] for r in runs):
+        raise RuntimeError("lm_eval failed: " + next(r["stderr_tail"] for r in runs if r["returncode"])[-400:])
+
+
+PARTS = {1: step_latency, 2: verify_cost, 3: bench, 4: lm_eval_run}
+
+
+def _table(rows: list[dict], keys: list[str]) -> str:
+    from tabulate import tabulate
+
+    return tabulate([[r.get(k) for k in keys] for r in rows], headers=keys, tablefmt="github", floatfmt=".3g")
+
+
+def report(results: dict) -> str:
+    """The figures as markdown: the four tables and what ran where."""
+    v = results["versions"]
+    lines = [f"# GPU check: {results['device']}", "",
+             f"`scripts/gpu_check.py{' --small' if results['small'] else ''}`: {results['dtype']}, torch {v['torch']} "
+             f"(CUDA {results['torch_cuda']}), transformers {v['transformers']}, lm-eval {v['lm-eval']}; "
+             f"{results.get('elapsed_s', 0):.0f} s. Random-weight Llama shapes (latency only).", ""]
+    if "step_latency" in results:
+        part = results["step_latency"]
+        lines += [f"## 1. Batch-1 step latency (context {part['context']}, attention `{part['attention']}`, median of "
+                  f"{part['rounds']} interleaved rounds of {part['steps']} steps)", "",
+                  _table(part["rows"], ["shape", "layers", "hidden_size", "params_m", "ms_median", "ms_min", "ms_max"]), ""]
+    if "verify_cost" in results:
+        lines += ["## 2. Verification of k draft tokens on the 7B shape", "",
+                  _table(results["verify_cost"]["rows"], ["context", "k", "ms_median", "ms_min", "ms_max", "vs_step"]), ""]
+    if "bench" in results:
+        rows = [{**r, "tok/s": r["tokens_per_second"]["median"], "x AR": r["vs_autoregressive"]["median"]}
+                for r in results["bench"]["configs"]]
+        lines += ["## 3. `zoo bench` on the 7B shape", "",
+                  _table(rows, ["engine", "draft", "tok/s", "x AR", "tar", "draft_ms_per_token", "verify_ms_per_step",
+                                "overhead", "identical", "numerics"]), "",
+                  f"Lossless: {results['bench']['lossless']}", ""]
+    if "lm_eval" in results:
+        rows = [{"batch_size": r["batch_size"], "exit": r["returncode"], "seconds": r["seconds"],
+                 **{k: (r["specdec"] or {}).get(k) for k in ("tar", "tokens_per_second", "baseline_tokens_per_second",
+                                                           "speedup", "baseline_mismatches")}}
+                for r in results["lm_eval"]["runs"]]
+        lines += ["## 4. `lm_eval --model specdec` on the device (4 x 1024 model, prompt lookup, `baseline=true`)", "",
+                  _table(rows, list(rows[0])), ""]
+    errors = {k: v.strip().splitlines()[-1] for k, v in results.items() if k.endswith("_error")}
+    lines += [f"- {k}: {v}" for k, v in errors.items()]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--small", action="store_true", help="tiny shapes on the CPU (a rehearsal, under 2 minutes)")
+    parser.add_argument("--out", default=os.environ.get("OUT") or "gpu_check_out", help="folder for the figures")
+    parser.add_argument("--parts", default="1,2,3,4", help="which parts to run, in this order (comma-separated)")
+    parser.add_argument("--tokenizer", help="tokenizer folder (default: the embedded default target's)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per measurement")
+    parser.add_argument("--repeats", type=int, default=2, help="bench repeats")
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--lm-eval-limit", type=int, default=8)
+    args = parser.parse_args()
+    if args.small:
+        args.rounds, args.steps, args.repeats, args.new_tokens, args.lm_eval_limit = 2, 3, 1, 16, 4
+    if not args.small and not torch.cuda.is_available():
+        print("gpu_check: error: no CUDA device here; run with --small for the CPU rehearsal", file=sys.stderr)
+        return 2
+    check = Check(args)
+    failed = []
+    for number in dict.fromkeys(int(p) for p in args.parts.split(",")):  # in the order given
+        name = PARTS[number].__name__
+        try:
+            PARTS[number](check)
+        except Exception:  # noqa: BLE001 - a part that breaks is a finding: record it, run the next
+            check.results[f"{name}_error"] = traceback.format_exc()[-3000:]
+            check.log(f"part {number} ({name}) failed:\n{traceback.format_exc()[-1500:]}")
+            failed.append(number)
+        check.save()
+    check.log("done" + (f"; failed parts: {failed}" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
