@@ -1,6 +1,6 @@
 """The project's prepared GPU check: one command, no network, figures written after each part.
 
-    python scripts/gpu_check.py [--small] [--out DIR] [--parts 1,2,3,4] [--tokenizer DIR]
+    python scripts/gpu_check.py [--small] [--out DIR] [--parts 1,2,4,3,5] [--tokenizer DIR] [--compile]
 
 Random-weight Llama shapes (no weights are needed; the output head is scaled so greedy choices are not
 near-ties everywhere), bf16 on the GPU (float32 with ``--small``, which runs the same code on the CPU with tiny
@@ -10,11 +10,14 @@ shapes in under 2 minutes):
    and width (1024-8192 at 4 layers), the paper's draft shapes and Llama-2-7B/13B shapes: every shape built
    first, warmed up, then measured in interleaved rounds (median, min, max over rounds);
 2. verification cost of k = 0..16 draft tokens on the 7B shape at contexts 128 and 1024;
-3. ``zoo bench`` on the 7B shape: transformers ``generate`` and assisted generation, ours at fixed and dynamic γ,
-   prompt lookup and a 5-layer view;
-4. ``lm_eval --model specdec --device DEVICE`` on a small model saved to disk, batch 1 and 4, ``baseline=true``.
+3. ``zoo bench`` on the 7B shape: transformers ``generate`` and assisted generation, our plain decoding and ours at
+   fixed and dynamic γ, prompt lookup and a 5-layer view (with ``--compile``: our rows compiled);
+4. ``lm_eval --model specdec --device DEVICE`` on a small model saved to disk, batch 1 and 4, ``baseline=true``
+   (with ``--compile``: ``compile=true``);
+5. steady decoding on the 7B shape: per-step times of plain steps and of verifying 4 tokens over a long decode,
+   with a growing cache, a static cache and compiled steps (max/median shows stalls at new lengths).
 
-Writes ``gpu_check.json`` after each part and ``gpu.md`` (the four tables) into ``--out``; a part that fails is
+Writes ``gpu_check.json`` after each part and ``gpu.md`` (the tables) into ``--out``; a part that fails is
 recorded with its error and the next one runs. Exit code 0 when every part ran.
 """
 
@@ -173,7 +176,7 @@ def bench(check: Check) -> None:
     prompts = task_prompts("specdec_humaneval")[:3] + task_prompts("specdec_mmlu_cot")[:1]
     drafters = [load_draft("prompt-lookup", target, check.tokenizer), load_draft("layers:0-4", target, check.tokenizer)]
     result = run_bench(target, "random-weight Llama-2-7B shape", check.tokenizer, drafters, prompts, 4,
-                       check.args.repeats, check.args.new_tokens)
+                       check.args.repeats, check.args.new_tokens, compile=check.args.compile)
     try:
         result["lossless"] = check_lossless(result, prompts)
     except SpecdecError as exc:  # a finding to publish, not a crash
@@ -198,7 +201,9 @@ def lm_eval_run(check: Check) -> None:
         dtype = str(check.dtype).removeprefix("torch.")
         code = ("import sys, specdraft_eval._lm_eval_hook; from lm_eval.__main__ import cli_evaluate; "
                 "sys.argv = ['lm_eval'] + sys.argv[1:]; cli_evaluate()")
-        args = ["--model", "specdec", "--model_args", f"pretrained={folder},draft=prompt-lookup,baseline=true,dtype={dtype}",
+        compiled = ",compile=true" if check.args.compile else ""
+        args = ["--model", "specdec", "--model_args",
+                f"pretrained={folder},draft=prompt-lookup,baseline=true,dtype={dtype}{compiled}",
                 "--device", check.device, "--include_path", str(ROOT / "tasks"), "--tasks", "specdec_humaneval",
                 "--limit", str(check.args.lm_eval_limit), "--confirm_run_unsafe_code", "--gen_kwargs",
                 f"max_gen_toks={check.args.new_tokens}", "--batch_size", str(batch), "--output_path", str(out)]
@@ -216,7 +221,47 @@ def lm_eval_run(check: Check) -> None:
         raise RuntimeError("lm_eval failed: " + next(r["stderr_tail"] for r in runs if r["returncode"])[-400:])
 
 
-PARTS = {1: step_latency, 2: verify_cost, 3: bench, 4: lm_eval_run}
+def steady_steps(check: Check) -> None:
+    """Part 5: per-step times over a long decode on the 7B shape (context 128), plain steps and verification of
+    4 draft tokens, with a growing cache (eager), a static cache, and compiled steps over it (CUDA graphs on a GPU):
+    median, max/median (stalls at new lengths show as the max) and verification / plain step."""
+    from specdraft_eval import graphs
+    from specdraft_eval.drafts.base import Proposal
+    from specdraft_eval.engine import clock, prefill, verify_step
+    from specdraft_eval.sampling import Sampler
+    from zoo.profile import context_tokens
+
+    target, sampler, steps = check.target(), Sampler(), check.args.steady_steps
+    runtimes = {"eager": (None, False), "static cache": (True, False), "compiled": (True, True)}
+    if check.small:  # inductor's C++ build of 32 layers takes over a minute on 2 cores: tests/test_static.py covers it
+        del runtimes["compiled"]
+    rows = []
+    for runtime, (static, compiled) in runtimes.items():
+        tokens = context_tokens(128, target.config.vocab_size)
+        cache = prefill(target, [tokens], len(tokens) + steps + 2 * 8 + 8 if static else None)
+        cache.step = graphs.compiled(target) if compiled else None
+        times: dict[int, list[float]] = {0: [], 4: []}
+        for step in range(8 + steps):  # 8 warm-up steps: every width used once (graphs captured) before timing
+            for k in (4, 0):  # verification of 4 tokens, rolled back; then the plain step that grows the cache
+                start = clock(target.device)
+                [(_, token)] = verify_step(target, cache, [tokens], [Proposal([tokens[-1]] * k)], [sampler])
+                seconds = clock(target.device) - start
+                if k:
+                    cache.rollback(len(tokens) - 1)
+                if step >= 8:
+                    times[k].append(seconds * 1000)
+            tokens.append(token)
+        plain, verify = times[0], times[4]
+        rows.append({"runtime": runtime, "steps": steps, "plain_ms_median": statistics.median(plain),
+                     "plain_max_over_median": max(plain) / statistics.median(plain),
+                     "verify4_ms_median": statistics.median(verify),
+                     "verify4_over_plain": statistics.median(verify) / statistics.median(plain)})
+        check.log(f"5 {runtime:14s} plain {rows[-1]['plain_ms_median']:.2f} ms (max/median "
+                  f"{rows[-1]['plain_max_over_median']:.2f}), verify 4: x{rows[-1]['verify4_over_plain']:.2f}")
+    check.results["steady"] = {"context": 128, "rows": rows}
+
+
+PARTS = {1: step_latency, 2: verify_cost, 3: bench, 4: lm_eval_run, 5: steady_steps}
 
 
 def _table(rows: list[dict], keys: list[str]) -> str:
@@ -241,10 +286,10 @@ def report(results: dict) -> str:
         lines += ["## 2. Verification of k draft tokens on the 7B shape", "",
                   _table(results["verify_cost"]["rows"], ["context", "k", "ms_median", "ms_min", "ms_max", "vs_step"]), ""]
     if "bench" in results:
-        rows = [{**r, "tok/s": r["tokens_per_second"]["median"], "x AR": r["vs_autoregressive"]["median"]}
-                for r in results["bench"]["configs"]]
+        rows = [{**r, "tok/s": r["tokens_per_second"]["median"], "x AR": r["vs_autoregressive"]["median"],
+                 "x ours plain": r["vs_ours_plain"]["median"]} for r in results["bench"]["configs"]]
         lines += ["## 3. `zoo bench` on the 7B shape", "",
-                  _table(rows, ["engine", "draft", "tok/s", "x AR", "tar", "draft_ms_per_token", "verify_ms_per_step",
+                  _table(rows, ["engine", "draft", "tok/s", "x AR", "x ours plain", "tar", "draft_ms_per_token", "verify_ms_per_step",
                                 "overhead", "identical", "numerics"]), "",
                   f"Lossless: {results['bench']['lossless']}", ""]
     if "lm_eval" in results:
@@ -254,6 +299,10 @@ def report(results: dict) -> str:
                 for r in results["lm_eval"]["runs"]]
         lines += ["## 4. `lm_eval --model specdec` on the device (4 x 1024 model, prompt lookup, `baseline=true`)", "",
                   _table(rows, list(rows[0])), ""]
+    if "steady" in results:
+        lines += ["## 5. Steady decoding on the 7B shape: growing cache, static cache, compiled steps", "",
+                  _table(results["steady"]["rows"], ["runtime", "steps", "plain_ms_median", "plain_max_over_median",
+                                                     "verify4_ms_median", "verify4_over_plain"]), ""]
     errors = {k: v.strip().splitlines()[-1] for k, v in results.items() if k.endswith("_error")}
     lines += [f"- {k}: {v}" for k, v in errors.items()]
     return "\n".join(lines).rstrip() + "\n"
@@ -263,16 +312,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--small", action="store_true", help="tiny shapes on the CPU (a rehearsal, under 2 minutes)")
     parser.add_argument("--out", default=os.environ.get("OUT") or "gpu_check_out", help="folder for the figures")
-    parser.add_argument("--parts", default="1,2,3,4", help="which parts to run, in this order (comma-separated)")
+    parser.add_argument("--parts", default="1,2,4,3,5", help="which parts to run, in this order (comma-separated)")
     parser.add_argument("--tokenizer", help="tokenizer folder (default: the embedded default target's)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10, help="timed steps per measurement")
     parser.add_argument("--repeats", type=int, default=2, help="bench repeats")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--lm-eval-limit", type=int, default=8)
+    parser.add_argument("--compile", action="store_true", help="parts 3 and 4 with our steps compiled")
+    parser.add_argument("--steady-steps", type=int, default=256, help="timed decode steps in part 5")
     args = parser.parse_args()
     if args.small:
-        args.rounds, args.steps, args.repeats, args.new_tokens, args.lm_eval_limit = 2, 3, 1, 16, 4
+        args.rounds, args.steps, args.repeats, args.new_tokens, args.lm_eval_limit, args.steady_steps = 2, 3, 1, 16, 4, 16
     if not args.small and not torch.cuda.is_available():
         print("gpu_check: error: no CUDA device here; run with --small for the CPU rehearsal", file=sys.stderr)
         return 2

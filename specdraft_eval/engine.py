@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from specdraft_eval import kv
+from specdraft_eval import graphs, kv
 from specdraft_eval.drafts.base import Drafter, Proposal
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.gamma import GammaController
@@ -70,6 +70,13 @@ class DecodeParams:
     top_p: float = 1.0
     seed: int | None = None
     eos_token_id: int | Sequence[int] | None = None
+    static_cache: bool = False  # the target's and model drafts' KV caches preallocated to the request's budget
+    compile: bool = False  # the target's decode and verification steps compiled (CUDA graphs on a GPU); implies
+    # static_cache
+
+    @property
+    def static(self) -> bool:
+        return self.static_cache or self.compile
 
     def __post_init__(self) -> None:
         gamma = self.num_draft_tokens
@@ -129,46 +136,56 @@ def _verify(logits: torch.Tensor, proposal: Proposal, sampler: Sampler) -> tuple
 
 
 class BatchCache:
-    """The target's KV cache for a batch of rows of different lengths: one DynamicCache over all rows.
+    """The target's KV cache for a batch of rows of different lengths: one transformers cache over all rows,
+    growing (``DynamicCache``) or, given a ``capacity``, static (``StaticCache``: preallocated, so no tensor
+    changes shape from step to step; rollback moves its length).
 
     A row may hold *holes*: columns of padding, or of draft tokens its verification rejected while another row's
     were accepted, that stay in the cache but are masked out of attention. ``lengths`` keeps each row's true
     length (its real columns), which gives the position ids of what it feeds next; ``mask`` is None while no row
     has a hole, so a batch of one runs exactly as an unpadded, unmasked forward pass. Holes are squeezed out
-    (:meth:`compact`) once they are half the cache.
+    (:meth:`compact`) once they are half the cache. ``step``, when set, runs the forward passes after the prefill
+    (a compiled forward: :mod:`specdraft_eval.graphs`).
     """
 
-    def __init__(self, rows: int) -> None:
-        self.cache = kv.new_cache()
+    def __init__(self, rows: int, config=None, capacity: int | None = None) -> None:
+        self.cache = kv.new_cache(config, capacity)
+        self.capacity = capacity
         self.mask: torch.Tensor | None = None  # [rows, columns] bool: True where a column holds a real token
         self.lengths = [0] * rows  # real columns per row
+        self.step: Callable | None = None
         self._appended: list[int] = []  # tokens each row fed in the last forward pass
 
     @property
     def columns(self) -> int:
-        return self.cache.get_seq_length()
+        return kv.length(self.cache)
 
     def forward(self, model, tokens: list[list[int]], keep_logits: int) -> torch.Tensor:
         """Append each row's ``tokens`` (rows may differ in length: shorter ones are right-padded with masked
         columns) and return the last ``keep_logits`` logits of each row's block, ``[rows, keep_logits, vocab]``.
         Follow with :meth:`keep`."""
-        width = max(len(row) for row in tokens)
+        width, start = max(len(row) for row in tokens), self.columns
+        if self.capacity is not None and start + width > self.capacity:
+            raise SpecdecError(f"static KV cache of {self.capacity} positions is full: a bug, please report it")
         device = model.device
         ids = torch.tensor([row + [0] * (width - len(row)) for row in tokens], dtype=torch.long, device=device)
         real = torch.tensor([[j < len(row) for j in range(width)] for row in tokens], device=device)  # [rows, width]
         attention = position_ids = None
         if self.mask is not None or not bool(real.all()):
-            past = self.mask if self.mask is not None else torch.ones(len(tokens), self.columns, dtype=torch.bool,
+            past = self.mask if self.mask is not None else torch.ones(len(tokens), start, dtype=torch.bool,
                                                                       device=device)
             attention = torch.cat([past, real], dim=1).long()  # [rows, columns + width]
+            if self.capacity is not None:  # a static shape: every position, the unwritten ones masked
+                attention = torch.nn.functional.pad(attention, (0, self.capacity - attention.shape[1]))
             position_ids = (torch.tensor(self.lengths, device=device)[:, None]
                             + torch.arange(width, device=device)[None, :])  # [rows, width]
-        logits = model(input_ids=ids, attention_mask=attention, position_ids=position_ids, cache=self.cache,
-                       use_cache=True, logits_to_keep=keep_logits).logits  # [rows, keep_logits, vocab]
+        logits = (self.step or model)(input_ids=ids, attention_mask=attention, position_ids=position_ids,
+                                      cache=self.cache, use_cache=True,
+                                      logits_to_keep=keep_logits).logits  # [rows, keep_logits, vocab]
         if not all(tokens):  # a row with nothing real attended to nothing: its padded columns may hold NaN
             for layer in self.cache.layers:
-                layer.keys[..., -width:, :].nan_to_num_(0.0)
-                layer.values[..., -width:, :].nan_to_num_(0.0)
+                layer.keys[..., start:start + width, :].nan_to_num_(0.0)
+                layer.values[..., start:start + width, :].nan_to_num_(0.0)
         self._appended = [len(row) for row in tokens]
         return logits
 
@@ -196,8 +213,7 @@ class BatchCache:
     def select(self, rows: list[int]) -> None:
         """Keep only ``rows`` (the others have finished)."""
         index = torch.tensor(rows, dtype=torch.long, device=self.cache.layers[0].keys.device)
-        for layer in self.cache.layers:
-            layer.batch_select_indices(index)
+        kv.select_rows(self.cache, index)
         self.mask = self.mask[index] if self.mask is not None else None
         self.lengths = [self.lengths[i] for i in rows]
         self.compact()
@@ -206,15 +222,20 @@ class BatchCache:
         """Squeeze out holes once they fill half the cache: each row's real columns, in order, right-aligned."""
         if self.mask is None or self.columns < 2 * max(self.lengths) + 16:
             return
-        longest = max(self.lengths)
+        longest, columns = max(self.lengths), self.columns
         order = torch.sort(self.mask.int(), dim=1, stable=True).indices  # [rows, columns]: holes first
         index = order[:, -longest:]  # [rows, longest]
         self.mask = torch.gather(self.mask, 1, index)
         for layer in self.cache.layers:
             heads, dim = layer.keys.shape[1], layer.keys.shape[3]
             spread = index[:, None, :, None].expand(-1, heads, -1, dim)  # [rows, heads, longest, head_dim]
-            layer.keys = layer.keys.gather(2, spread)
-            layer.values = layer.values.gather(2, spread)
+            keys, values = layer.keys[:, :, :columns].gather(2, spread), layer.values[:, :, :columns].gather(2, spread)
+            if self.capacity is None:
+                layer.keys, layer.values = keys, values
+            else:  # in place: a static cache keeps its tensors
+                layer.keys[:, :, :longest].copy_(keys)
+                layer.values[:, :, :longest].copy_(values)
+        kv.rollback(self.cache, longest)
         if bool(self.mask.all()):
             self.mask = None
 
@@ -241,9 +262,10 @@ def _finish(tokens: list[int], eos: set[int], max_new_tokens: int) -> tuple[list
     return tokens[:max_new_tokens], len(tokens) >= max_new_tokens
 
 
-def prefill(target, prompts: list[list[int]]) -> BatchCache:
-    """The target's cache over every prompt but its last token (the first step feeds that one)."""
-    cache = BatchCache(len(prompts))
+def prefill(target, prompts: list[list[int]], capacity: int | None = None) -> BatchCache:
+    """The target's cache over every prompt but its last token (the first step feeds that one); static with
+    ``capacity`` positions when given."""
+    cache = BatchCache(len(prompts), target.config, capacity)
     if any(len(prompt) > 1 for prompt in prompts):
         cache.forward(target, [prompt[:-1] for prompt in prompts], 1)
         cache.keep([len(prompt) - 1 for prompt in prompts])
@@ -259,7 +281,7 @@ class _NoDraft:
     def propose(self, tokens: list[int], num_tokens: int, sampler: Sampler) -> Proposal:
         return Proposal([])
 
-    def reset(self) -> None:
+    def reset(self, capacity: int | None = None) -> None:
         pass
 
     def fork(self) -> _NoDraft:
@@ -285,13 +307,17 @@ def _decode(target, draft: Drafter, prompts: list[list[int]], params: DecodePara
     and let rows leave as they finish. Returns each row's new tokens and the batch's stats (counters summed over
     rows, times once for the batch)."""
     device, eos, max_new_tokens = target.device, params.eos(target), params.max_new_tokens
+    longest = max(map(len, prompts)) + max_new_tokens + (controller.max_gamma if controller else params.num_draft_tokens)
     start = clock(device)
-    cache = prefill(target, prompts)
+    # a static cache holds the longest row, and in a batch its holes until compaction (at twice the longest + 16)
+    cache = prefill(target, prompts, (longest if len(prompts) == 1 else 2 * longest + 16) if params.static else None)
+    if params.compile:
+        cache.step = graphs.compiled(target)
     decode_start = clock(device)
     rows = [_Row(i, prompt, draft.fork() if len(prompts) > 1 else draft, params.sampler(device), stop)
             for i, (prompt, stop) in enumerate(zip(prompts, stops, strict=True))]
     for row in rows:
-        row.drafter.reset()
+        row.drafter.reset(longest if params.static else None)
         row.stats = GenerationStats(generations=1, prompt_tokens=len(row.prompt))
     finished: list[_Row] = []
     draft_seconds = verify_seconds = 0.0

@@ -95,12 +95,16 @@ class SpecDecLM(HFLM):
         device: str | None = None,
         kernels: str = kernel_paths.DEFAULT,
         use_kernels: bool = False,
+        static_cache: bool = False,
+        compile: bool = False,
         **kwargs,
     ) -> None:
         if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
             signal.signal(signal.SIGTERM, raise_terminated)  # unwind like Ctrl-C, through every finally
         self.baseline = _as_bool("baseline", baseline)
         self.use_kernels = _as_bool("use_kernels", use_kernels)  # transformers' hub kernels: off, so offline works
+        self.compile = _as_bool("compile", compile)  # CUDA graphs / compiled steps, over a static cache
+        self.static_cache = _as_bool("static_cache", static_cache) or self.compile
         self.seed = None if seed is None else int(seed)
         kernel_paths.check(kernels)
         self.target_name = pretrained if isinstance(pretrained, str) else type(pretrained).__name__
@@ -130,7 +134,7 @@ class SpecDecLM(HFLM):
             if "unexpected keyword argument" not in str(exc):
                 raise
             raise SpecdecError(f"model_args: {str(exc).split(': ', 1)[-1].strip()}: specdec takes draft, num_draft_tokens, "
-                               "dynamic_gamma, baseline, seed, kernels, use_kernels and what --model hf takes") from None
+                               "dynamic_gamma, baseline, seed, kernels, use_kernels, static_cache, compile and what --model hf takes") from None
         accelerator = getattr(self, "accelerator", None)
         if accelerator is not None and accelerator.num_processes > 1 and self._world_size == 1:
             # `accelerate launch` on CPUs: lm-eval's hf model splits documents only across GPUs it counts, so each
@@ -191,7 +195,8 @@ class SpecDecLM(HFLM):
         params = DecodeParams(
             max_length - context.shape[1], self.num_draft_tokens, do_sample=do_sample,
             temperature=temperature if do_sample else 1.0, top_k=int(generation_kwargs.get("top_k", 0) or 0),
-            top_p=float(generation_kwargs.get("top_p", 1.0) or 1.0), seed=self.seed)
+            top_p=float(generation_kwargs.get("top_p", 1.0) or 1.0), seed=self.seed, static_cache=self.static_cache,
+            compile=self.compile)
         prompts = [(context[row] if attention_mask is None else context[row][attention_mask[row].bool()]).tolist()
                    for row in range(context.shape[0])]
         outputs, stats = speculative_generate_batch(self.model, self._drafter, prompts, params,
@@ -262,6 +267,8 @@ class SpecDecLM(HFLM):
             self._mismatch_details,
             dtype=str(self.model.dtype).removeprefix("torch."),
             use_kernels=self.use_kernels,
+            runtime={"static_cache": self.static_cache, "compile": self.compile,
+                     "attention": getattr(self.model.config, "_attn_implementation", None)},
         )
 
     def specdec_info(self) -> dict:

@@ -59,17 +59,19 @@ class SpecdecRecord:
     processes: int = 1  # how many processes' counters this record holds (data-parallel ranks, merged runs)
     dtype: str = ""  # the target's weights' dtype ("" in files written before it was recorded)
     use_kernels: bool = False  # whether transformers' hub kernels were asked for
+    runtime: dict = field(default_factory=dict)  # static_cache, compile, attention (the backend the target used)
 
     @classmethod
     def new(cls, target: str, draft: str, num_draft_tokens: int, dynamic_gamma: bool, device,
             per_task: dict[str, GenerationStats], draft_model=None,
             latencies: Latencies | None = None, baseline_mismatch_details: list[dict] | None = None, *,
-            dtype: str = "", use_kernels: bool = False) -> SpecdecRecord:
+            dtype: str = "", use_kernels: bool = False, runtime: dict | None = None) -> SpecdecRecord:
         """A record of a run on ``device`` now (hardware name and package versions filled in)."""
         facts = ModelFacts.of(draft_model)
         return cls(target, draft, num_draft_tokens, dynamic_gamma, hardware(device), versions(),
                    facts.parameters_m, facts.layers, dict(per_task), latencies,
-                   list(baseline_mismatch_details or [])[:MAX_MISMATCH_DETAILS], dtype=dtype, use_kernels=use_kernels)
+                   list(baseline_mismatch_details or [])[:MAX_MISMATCH_DETAILS], dtype=dtype, use_kernels=use_kernels,
+                   runtime=dict(runtime or {}))
 
     @property
     def total(self) -> GenerationStats:
@@ -113,6 +115,7 @@ class SpecdecRecord:
             "hardware": self.hardware,
             "dtype": self.dtype or None,
             "use_kernels": self.use_kernels,
+            "runtime": self.runtime,
             "versions": self.versions,
             "generations": total.generations,
             "processes": self.processes,
@@ -143,7 +146,8 @@ class SpecdecRecord:
                        block.get("versions") or {}, block.get("draft_parameters_m") or 0.0,
                        block.get("draft_layers") or 0, per_task,
                        Latencies.from_json(block["latencies"]) if block.get("latencies") else None, details,
-                       int(block.get("processes", 1)), block.get("dtype") or "", bool(block.get("use_kernels", False)))
+                       int(block.get("processes", 1)), block.get("dtype") or "", bool(block.get("use_kernels", False)),
+                       dict(block.get("runtime") or {}))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise RecordError(f"{path}: malformed specdec record ({type(exc).__name__}: {exc}); "
                               "regenerate or remove it") from None

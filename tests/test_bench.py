@@ -35,7 +35,7 @@ def test_bench_runs_every_configuration_with_identical_tokens(tiny, prompts_file
     result = bench.run_bench(target, str(tiny), tokenizer, drafters, prompts, gamma=3, repeats=2, max_new_tokens=10)
     rows = result["configs"]
     assert [(r["engine"], r["draft"]) for r in rows] == [
-        (bench.AUTOREGRESSIVE, None),
+        (bench.AUTOREGRESSIVE, None), (bench.OURS_PLAIN, None),
         *[(engine, name) for name in ("prompt-lookup:3", "layers:0,1")
           for engine in (bench.ASSISTED, bench.OURS, bench.OURS_DYNAMIC)],
     ]
@@ -52,6 +52,7 @@ def test_bench_runs_every_configuration_with_identical_tokens(tiny, prompts_file
     assert layered["draft_ms_per_token"] > 0 and layered["mean_gamma"] == pytest.approx(3, abs=1)
     assert layered["draft_weights_mb"] == 0.0  # a layer view shares the target's weights
     assert rows[0]["tar"] == 1  # autoregressive: one token per target call
+    assert rows[1]["vs_ours_plain"]["median"] == 1.0 and all(r["vs_ours_plain"]["median"] > 0 for r in rows)
 
 
 def test_bench_catches_a_draft_that_changes_the_output(tiny, prompts_file, monkeypatch):
@@ -65,10 +66,12 @@ def test_bench_catches_a_draft_that_changes_the_output(tiny, prompts_file, monke
                              gamma=2, repeats=1, max_new_tokens=8)
     identical = {r["engine"]: r["identical"] for r in result["configs"]}
     assert identical[bench.AUTOREGRESSIVE] and identical[bench.ASSISTED] and not identical[bench.OURS]
-    with pytest.raises(SpecdecError, match=r"specdraft \(layers:0, plain kernels\) differs .* on prompt 0 \('w"):
+    assert not identical[bench.OURS_PLAIN]  # our plain decoding goes through the same (broken) verifier
+    with pytest.raises(SpecdecError, match=r"specdraft plain \(None, plain kernels\) differs .* on prompt 0 \('w"):
         bench.check_lossless(result, bench.load_prompts(None, prompts_file, 1))
 
 
+@pytest.mark.slow  # a real CLI run of some length: the full suite runs it
 def test_bench_cli_json_and_table(tiny, prompts_file):
     done = run_cli("zoo", "bench", "--target", str(tiny), "--prompts", str(prompts_file), "--limit", "2",
                    "--repeats", "1", "--max-new-tokens", "6", "--gamma", "2", "--json")
@@ -77,7 +80,7 @@ def test_bench_cli_json_and_table(tiny, prompts_file):
     assert data["schema_version"] == bench.SCHEMA_VERSION and data["task"] is None
     # same kernels: autoregressive, assisted, ours, ours dynamic; then transformers on plain kernels
     assert [(r["engine"], r["kernels"]) for r in data["configs"]] == [
-        (bench.AUTOREGRESSIVE, "onednn"), (bench.ASSISTED, "onednn"), (bench.OURS, "onednn"),
+        (bench.AUTOREGRESSIVE, "onednn"), (bench.OURS_PLAIN, "onednn"), (bench.ASSISTED, "onednn"), (bench.OURS, "onednn"),
         (bench.OURS_DYNAMIC, "onednn"), (bench.AUTOREGRESSIVE, "plain"), (bench.ASSISTED, "plain")]
     assert all(r["identical"] for r in data["configs"])
     assert all(r["vs_plain_assisted"] for r in data["configs"] if r["engine"] == bench.OURS)

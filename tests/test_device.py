@@ -50,6 +50,7 @@ def test_every_loading_command_takes_device_and_dtype(tiny, tmp_path, command):
     assert not any(tmp_path.iterdir())  # refused before anything was written
 
 
+@pytest.mark.slow  # a real CLI run of some length: the full suite runs it
 def test_device_and_dtype_reach_the_measurement(tiny, tmp_path):
     """A CPU profile in bfloat16: keyed by the CPU's name, measured on the bfloat16 model."""
     path = tmp_path / "profile.json"
@@ -107,7 +108,8 @@ def test_specdec_record_says_dtype_and_hub_kernels(tiny):
 
 @pytest.mark.slow
 def test_gpu_check_small_rehearsal(tmp_path):
-    """scripts/gpu_check.py --small: every part runs on the CPU with tiny shapes and writes its figures."""
+    """scripts/gpu_check.py --small: every part runs on the CPU with tiny shapes and writes its figures (part 5
+    without its compiled runtime, which tests/test_static.py covers)."""
     import subprocess
 
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--small", "--out", str(tmp_path)],
@@ -115,9 +117,10 @@ def test_gpu_check_small_rehearsal(tmp_path):
                                                                              "HOME": str(Path.home())})
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     results = json.loads((tmp_path / "gpu_check.json").read_text())
-    assert {"step_latency", "verify_cost", "bench", "lm_eval"} <= set(results)
+    assert {"step_latency", "verify_cost", "bench", "lm_eval", "steady"} <= set(results)
+    assert [r["runtime"] for r in results["steady"]["rows"]] == ["eager", "static cache"]
     assert len(results["step_latency"]["rows"]) == 14 and {r["k"] for r in results["verify_cost"]["rows"]} == set(range(17))
     assert all(r["returncode"] == 0 and r["specdec"]["baseline_mismatches"] == 0 for r in results["lm_eval"]["runs"])
     assert results["bench"]["lossless"].startswith("every output identical")
     report = (tmp_path / "gpu.md").read_text()
-    assert report.count("\n## ") == 4
+    assert report.count("\n## ") == 5

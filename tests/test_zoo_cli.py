@@ -106,6 +106,7 @@ def test_profile_writes_a_profile(tiny, tmp_path):
     assert data["drafts"]["layers:0,1"]["kv_bytes_per_token"] > 0
 
 
+@pytest.mark.slow  # a real CLI run of some length: the full suite runs it
 def test_profile_sweep_covers_depth_and_width_and_is_fitted(tmp_path):
     out = zoo_json("profile", "--sweep", "--repeats", "3", "--calibrate", "test-cpu",
                    env={"SPECDRAFT_EVAL_CACHE": str(tmp_path)})

@@ -29,18 +29,20 @@ from specdraft_eval.analytical import predicted_tokens_per_second
 from specdraft_eval.drafts.base import Drafter
 from specdraft_eval.drafts.model import ModelDrafter
 from specdraft_eval.drafts.prompt_lookup import PromptLookupDrafter
-from specdraft_eval.engine import clock, divergence, speculative_generate
+from specdraft_eval.engine import autoregressive_generate, clock, divergence, speculative_generate
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.gamma import GammaController
 from specdraft_eval.stats import GenerationStats
 from specdraft_eval.targets import LoadSettings
 from zoo.progress import Tick, no_progress
 
-SCHEMA_VERSION = 3  # 2: kernels, mismatched_prompts, vs_plain_assisted; 3: mismatch_logit_margins, numerics, lossless
+SCHEMA_VERSION = 3  # 2: kernels, mismatched_prompts, vs_plain_assisted; 3: mismatch_logit_margins, numerics,
+# lossless, compile, the "specdraft plain" row and vs_ours_plain
 NEAR_TIE_LOGIT_MARGIN = 0.5
 """In bfloat16/float16, a divergence whose logit margin is at most this is counted as numerics, not a bug."""
-AUTOREGRESSIVE, ASSISTED, OURS, OURS_DYNAMIC = (
-    "transformers autoregressive", "transformers assisted", "specdraft", "specdraft dynamic γ")
+AUTOREGRESSIVE, ASSISTED, OURS, OURS_DYNAMIC, OURS_PLAIN = (
+    "transformers autoregressive", "transformers assisted", "specdraft", "specdraft dynamic γ", "specdraft plain")
+ENGINE = (OURS, OURS_DYNAMIC, OURS_PLAIN)  # our engine's rows: one forward (eager or compiled) for all three
 
 
 class ForwardTimer:
@@ -140,7 +142,7 @@ def _assistant_settings(kwargs: dict):
 def configurations(target, drafters: list, gamma: int, plain: tuple | None = None) -> list[Config]:
     """The autoregressive reference first; per draft assisted (where transformers has it), ours, ours
     dynamic; then, given ``plain`` = (plain-kernel target, its drafters), transformers' runs on those."""
-    configs = [Config(AUTOREGRESSIVE, target)]
+    configs = [Config(AUTOREGRESSIVE, target), Config(OURS_PLAIN, target)]
     for drafter in drafters:
         if assisted_kwargs(drafter, gamma) is not None:
             configs.append(Config(ASSISTED, target, drafter))
@@ -155,10 +157,10 @@ def configurations(target, drafters: list, gamma: int, plain: tuple | None = Non
 class Bench:
     """Runs configurations on prompts and keeps every run."""
 
-    def __init__(self, configs: list[Config], gamma: int, max_new_tokens: int) -> None:
+    def __init__(self, configs: list[Config], gamma: int, max_new_tokens: int, compile: bool = False) -> None:
         from transformers import GenerationConfig
 
-        self.gamma, self.max_new_tokens = gamma, max_new_tokens
+        self.gamma, self.max_new_tokens, self.compile = gamma, max_new_tokens, compile
         eos = configs[0].target.generation_config.eos_token_id
         self.generation_config = GenerationConfig(
             max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos,
@@ -170,9 +172,11 @@ class Bench:
         budget = max_new_tokens or self.max_new_tokens
         if config.engine == OURS_DYNAMIC and config.controller is None:
             config.controller = GammaController.around(self.gamma)
+        if config.engine == OURS_PLAIN:
+            return lambda: autoregressive_generate(config.target, ids, budget, compile=self.compile)
         if config.engine in (OURS, OURS_DYNAMIC):
             return lambda: speculative_generate(config.target, config.drafter, ids, budget, num_draft_tokens=self.gamma,
-                                                gamma_controller=config.controller)
+                                                compile=self.compile, gamma_controller=config.controller)
         kwargs = assisted_kwargs(config.drafter, self.gamma) if config.engine == ASSISTED else {}
         generation_config = self.generation_config.__class__(**{**self.generation_config.to_diff_dict(),
                                                                  "max_new_tokens": budget})
@@ -279,7 +283,8 @@ def check_options(gamma: int, repeats: int, max_new_tokens: int) -> None:
 
 
 def run_bench(target, target_name: str, tokenizer, drafters: list, prompts: list[str], gamma: int, repeats: int,
-              max_new_tokens: int, on_run: Callable[[], None] = lambda: None, plain: tuple | None = None) -> dict:
+              max_new_tokens: int, on_run: Callable[[], None] = lambda: None, plain: tuple | None = None,
+              compile: bool = False) -> dict:
     """Warm up, run every configuration (:func:`configurations`) ``repeats`` times on every prompt
     (interleaved), measure peak memory in one extra run each, and return the summary (see :func:`summarise`).
     Raises :class:`SpecdecError` naming the prompt where an output differs from the autoregressive one."""
@@ -288,7 +293,7 @@ def run_bench(target, target_name: str, tokenizer, drafters: list, prompts: list
 
     hf_logging.set_verbosity_error()  # assisted generation warns about its own defaults on every call
     configs = configurations(target, drafters, gamma, plain)
-    bench = Bench(configs, gamma, max_new_tokens)
+    bench = Bench(configs, gamma, max_new_tokens, compile)
     ids = [tokenizer(p, return_tensors="pt").input_ids.to(target.device) for p in prompts]
     for config in configs:  # warm-up: first calls at new shapes pay for kernel and allocator set-up
         bench.generate(config, ids[0], min(16, max_new_tokens))()
@@ -306,7 +311,7 @@ def run_bench(target, target_name: str, tokenizer, drafters: list, prompts: list
         config.peak_mb = peak_memory_mb(bench.generate(config, longest), target.device, resident)
     bench.close()
     return summarise(configs, target, target_name, gamma, max_new_tokens, prompts, repeats,
-                     [row[0].tolist() for row in ids])
+                     [row[0].tolist() for row in ids], compile)
 
 
 def spread(values: list[float]) -> dict:
@@ -319,11 +324,12 @@ def _tps(runs: list[Run]) -> float:
 
 
 def summarise(configs: list[Config], target, target_name: str, gamma: int, max_new_tokens: int, prompts: list[str],
-              repeats: int, prompt_ids: list[list[int]]) -> dict:
+              repeats: int, prompt_ids: list[list[int]], compile: bool = False) -> dict:
     from specdraft_eval.environment import hardware
 
     reference = configs[0]
     assisted = {(c.draft, c.kernels): c for c in configs if c.engine == ASSISTED}
+    ours_plain = next(c for c in configs if c.engine == OURS_PLAIN)
     rows = []
     for config in configs:
         rates = [_tps(runs) for runs in config.runs]
@@ -343,6 +349,7 @@ def summarise(configs: list[Config], target, target_name: str, gamma: int, max_n
             "generated_tokens": sum(len(r.tokens) for r in flat),
             "tokens_per_second": spread(rates),
             "vs_autoregressive": spread([a / b for a, b in zip(rates, [_tps(r) for r in reference.runs])]),
+            "vs_ours_plain": spread([a / b for a, b in zip(rates, [_tps(r) for r in ours_plain.runs])]),
             "vs_assisted": None, "vs_plain_assisted": None,
             "overhead": 1 - (target_s + draft_s) / wall,
             "peak_mb": config.peak_mb,
@@ -358,6 +365,7 @@ def summarise(configs: list[Config], target, target_name: str, gamma: int, max_n
     for row in rows:
         row["memory_ok"] = (row["peak_mb"] <= (ar_peak + row["draft_weights_mb"]) * 1.10) if ar_peak else None
     return {"schema_version": SCHEMA_VERSION, "target": target_name, "dtype": str(target.dtype).removeprefix("torch."),
+            "compile": compile,
             "hardware": hardware(target.device), "gamma": gamma, "max_new_tokens": max_new_tokens,
             "prompts": len(prompts), "repeats": repeats, "configs": rows}
 
@@ -388,7 +396,7 @@ def check_lossless(result: dict, prompts: list[str]) -> str:
 def _step_figures(config: Config, flat: list[Run], target_s: float, draft_s: float) -> dict:
     """TAR, draft ms per token, verify ms per step, and (for our engine) the analytical prediction."""
     draft_calls = sum(len(r.draft_calls) for r in flat)
-    if config.engine not in (OURS, OURS_DYNAMIC):  # transformers: one target call per step (no separate prefill)
+    if config.engine not in (OURS, OURS_DYNAMIC):  # one target call per step (our plain decoding: and a prefill)
         steps = sum(len(r.target_calls) for r in flat)
         return {"tar": sum(len(r.tokens) for r in flat) / steps if steps else None,
                 "draft_ms_per_token": draft_s / draft_calls * 1000 if draft_calls else None,
@@ -422,6 +430,7 @@ def table_rows(result: dict) -> list[dict]:
     return [{
         "engine": r["engine"], "draft": r["draft"], "tok/s": spread(r["tokens_per_second"], ".2f"),
         "kernels": r["kernels"], "×AR": spread(r["vs_autoregressive"], ".2f"),
+        "×ours plain": spread(r["vs_ours_plain"], ".2f"),
         "×assisted": spread(r["vs_assisted"], ".2f"), "×plain assisted": spread(r["vs_plain_assisted"], ".2f"),
         "TAR": r["tar"], "mean γ": r["mean_gamma"], "draft ms/tok": r["draft_ms_per_token"],
         "verify ms/step": r["verify_ms_per_step"], "overhead": pct(r["overhead"]),
@@ -431,7 +440,7 @@ def table_rows(result: dict) -> list[dict]:
 
 
 def bench(target_name: str, drafts: list[str], prompts: list[str], gamma: int, repeats: int, max_new_tokens: int,
-          settings: LoadSettings, tick: Tick = no_progress) -> dict:
+          settings: LoadSettings, compile: bool = False, tick: Tick = no_progress) -> dict:
     """``zoo bench``: load the target with ``settings`` (and, where ours runs other kernels, a plain copy for
     transformers as users run it), time every configuration (:func:`run_bench`) and refuse a result whose tokens
     differ beyond reduced precision's near-ties (:func:`check_lossless`)."""
@@ -446,6 +455,6 @@ def bench(target_name: str, drafts: list[str], prompts: list[str], gamma: int, r
     drafters = [load_draft(name, model, tokenizer) for name in drafts]
     tick(0, total=repeats * len(prompts) * len(configurations(model, drafters, gamma, plain)))
     result = run_bench(model, target_name, tokenizer, drafters, prompts, gamma, repeats, max_new_tokens,
-                       on_run=tick, plain=plain)
+                       on_run=tick, plain=plain, compile=compile)
     result["lossless"] = check_lossless(result, prompts)
     return result

@@ -9,7 +9,7 @@ import typer
 
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.targets import DEFAULT_TARGET
-from zoo.cli_support import (DeviceOpt, DraftsOpt, DtypeOpt, GammaOpt, JsonOpt, KernelsOpt, MaxNewOpt, OutOpt,
+from zoo.cli_support import (CompileOpt, DeviceOpt, DraftsOpt, DtypeOpt, GammaOpt, JsonOpt, KernelsOpt, MaxNewOpt, OutOpt,
                              RepeatsOpt, ResultsOpt, TargetOpt, UseKernelsOpt, cli_errors, emit, load_settings,
                              one_gamma, parse_positive_ints, progress)
 from zoo.rank import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TASK
@@ -227,7 +227,7 @@ def bench(
     repeats: RepeatsOpt = 3,
     max_new_tokens: MaxNewOpt = 128,
     kernels: KernelsOpt = "onednn",
-    device: DeviceOpt = None, dtype: DtypeOpt = "auto", use_kernels: UseKernelsOpt = False,
+    device: DeviceOpt = None, dtype: DtypeOpt = "auto", use_kernels: UseKernelsOpt = False, compile: CompileOpt = False,
     batch_size: Annotated[Optional[str], typer.Option(
         "--batch-size", help="Batch study instead: comma-separated batch sizes (e.g. 1,2,4,8); tokens/s of our "
         "batched engine, speculative and plain, per batch size (--limit is raised to the largest).")] = None,
@@ -244,7 +244,7 @@ def bench(
         device, dtype, use_kernels, kernels)
     with progress("batch study" if sizes else "benchmarking") as tick:
         result = (batch_study.study(*args, sizes, g, repeats, max_new_tokens, settings, tick) if sizes else
-                  benchmark.bench(*args, g, repeats, max_new_tokens, settings, tick))
+                  benchmark.bench(*args, g, repeats, max_new_tokens, settings, compile, tick))
     result["task"] = None if prompts else task or "specdec_humaneval"
     if as_json:
         emit(result, True)

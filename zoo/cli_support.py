@@ -35,6 +35,8 @@ DtypeOpt = Annotated[str, typer.Option(help="Weights' dtype: auto (bfloat16 on a
                                        "bfloat16 or float16.")]
 UseKernelsOpt = Annotated[bool, typer.Option("--use-kernels", help="Let transformers fetch its hub kernels (needs "
                                              "the network; off by default).")]
+CompileOpt = Annotated[bool, typer.Option("--compile", help="Our engine's steps compiled over a static KV cache "
+                                          "(CUDA graphs on a GPU); its plain decoding too.")]
 KernelsOpt = Annotated[str, typer.Option(help="Linear-layer kernels: onednn (weights pre-packed once, CPU float32/bfloat16; "
                                           "what lm_eval --model specdec uses by default) or plain (PyTorch's own).")]
 

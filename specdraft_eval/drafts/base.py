@@ -33,8 +33,9 @@ class Drafter(Protocol):
         """Draft up to ``num_tokens`` tokens following ``tokens`` (the whole sequence so far)."""
         ...
 
-    def reset(self) -> None:
-        """Forget all state (KV cache) before a new generation."""
+    def reset(self, capacity: int | None = None) -> None:
+        """Forget all state (KV cache) before a new generation; ``capacity``: the most tokens the generation will
+        hold, for a static KV cache of that size (None: a growing one)."""
         ...
 
     def fork(self) -> Drafter:

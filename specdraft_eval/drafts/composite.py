@@ -35,9 +35,9 @@ class CompositeDrafter:
                 return proposal
         return Proposal([])
 
-    def reset(self) -> None:
+    def reset(self, capacity: int | None = None) -> None:
         for part in self.parts:
-            part.reset()
+            part.reset(capacity)
 
     def fork(self) -> CompositeDrafter:
         twin = CompositeDrafter([part.fork() for part in self.parts])

@@ -60,8 +60,8 @@ class ModelDrafter:
         full[self._ids] = probs
         return int(self._ids[index]), full
 
-    def reset(self) -> None:
-        self._cache = kv.new_cache()
+    def reset(self, capacity: int | None = None) -> None:
+        self._cache = kv.new_cache(self.model.config, capacity)
         self._cached: list[int] = []  # the tokens whose keys/values are in the cache
 
     def fork(self) -> ModelDrafter:

@@ -77,7 +77,7 @@ class NGramDrafter:
             seq.append(token)
         return Proposal(drafted)
 
-    def reset(self) -> None:
+    def reset(self, capacity: int | None = None) -> None:
         """Stateless between generations."""
 
     def fork(self) -> NGramDrafter:

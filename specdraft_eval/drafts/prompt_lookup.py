@@ -37,7 +37,7 @@ class PromptLookupDrafter:
                     return Proposal(tokens[start + n : start + n + num_tokens])
         return Proposal([])
 
-    def reset(self) -> None:
+    def reset(self, capacity: int | None = None) -> None:
         """Stateless."""
 
     def fork(self) -> PromptLookupDrafter:
