@@ -17,7 +17,8 @@ PROFILE_SCHEMA_VERSION = 2
 """2: latencies measured as the engine runs (growing cache, the engine's clock), t_verify_ms keyed by the
 number of draft tokens k (0: an autoregressive step), with spreads; 1 (timed on a fixed cache) is re-measured."""
 PROFILE_KIND = "specdraft_eval.profile"
-CALIBRATION_SCHEMA_VERSION = 1
+CALIBRATION_SCHEMA_VERSION = 2
+"""2: a per-step term, each constant's standard error, and a bandwidth that may be None (not identified)."""
 CALIBRATION_KIND = "specdraft_eval.calibration"
 
 
@@ -156,23 +157,35 @@ def read_profile(path: Path, named: bool) -> Profile | None:
 
 @dataclass
 class Calibration:
-    """A latency-model fit to a depth/width sweep on one GPU, stored under a name for ``zoo rank --gpu NAME``."""
+    """A latency-model fit to a depth/width sweep on one device, stored under a name for ``zoo rank --gpu NAME``:
+    ms per step = ``step_ms`` + ``per_layer_ms`` × layers + weight bytes / ``bandwidth_gb_s``, each constant with
+    its standard error (``uncertainty``). ``bandwidth_gb_s`` None: the sweep could not identify it (a host-bound
+    step; ``note`` says why), and the model takes the longer of the fixed cost and the datasheet roofline."""
 
     name: str
     per_layer_ms: float
-    bandwidth_gb_s: float
+    bandwidth_gb_s: float | None
     hardware: str = ""
     runtime: str = "eager"
     dtype_bytes: int = 2
     max_relative_error: float | None = None
     rows: list[dict] = field(default_factory=list)
+    step_ms: float = 0.0
+    uncertainty: dict[str, float] = field(default_factory=dict)
+    note: str | None = None
 
     def __str__(self) -> str:
-        return (f"fit: ms/token = {self.per_layer_ms:.3g} ms × layers + weight bytes / {self.bandwidth_gb_s:.3g} GB/s "
-                f"(max error {self.max_relative_error:.1%})")
+        def pm(key: str, value: float) -> str:
+            return f"{value:.3g}" + (f" ± {self.uncertainty[key]:.2g}" if key in self.uncertainty else "")
+
+        memory = (f" + weight bytes / {pm('bandwidth_gb_s', self.bandwidth_gb_s)} GB/s" if self.bandwidth_gb_s
+                  else " (host-bound: the roofline overlaps it)")
+        return (f"fit: ms/token = {pm('step_ms', self.step_ms)} ms + {pm('per_layer_ms', self.per_layer_ms)} ms × "
+                f"layers{memory} (max error {self.max_relative_error:.1%})" + (f"; {self.note}" if self.note else ""))
 
     def to_json(self) -> dict:
-        return {"name": self.name, "per_layer_ms": self.per_layer_ms, "bandwidth_gb_s": self.bandwidth_gb_s,
+        return {"name": self.name, "step_ms": self.step_ms, "per_layer_ms": self.per_layer_ms,
+                "bandwidth_gb_s": self.bandwidth_gb_s, "uncertainty": self.uncertainty, "note": self.note,
                 "hardware": self.hardware, "runtime": self.runtime, "dtype_bytes": self.dtype_bytes,
                 "max_relative_error": self.max_relative_error, "rows": self.rows,
                 "kind": CALIBRATION_KIND, "schema_version": CALIBRATION_SCHEMA_VERSION}
@@ -198,8 +211,11 @@ def read_calibration(name: str) -> Calibration | None:
     if not isinstance(data, dict) or data.get("kind") != CALIBRATION_KIND:
         raise RecordError(f"{path}: not a zoo calibration; remove it or calibrate again")
     check_version(path, data.get("schema_version"), CALIBRATION_SCHEMA_VERSION, "calibration")
-    if not all(isinstance(data.get(k), (int, float)) for k in ("per_layer_ms", "bandwidth_gb_s")):
+    bandwidth = data.get("bandwidth_gb_s")
+    if not isinstance(data.get("per_layer_ms"), (int, float)) or not isinstance(bandwidth, (int, float, type(None))):
         raise RecordError(f"{path}: malformed calibration; calibrate again with zoo profile --sweep --calibrate {name}")
-    return Calibration(data.get("name", name), float(data["per_layer_ms"]), float(data["bandwidth_gb_s"]),
-                       data.get("hardware", ""), data.get("runtime", "eager"), int(data.get("dtype_bytes", 2)),
-                       data.get("max_relative_error"), data.get("rows") or [])
+    return Calibration(data.get("name", name), float(data["per_layer_ms"]),
+                       float(bandwidth) if bandwidth is not None else None, data.get("hardware", ""),
+                       data.get("runtime", "eager"), int(data.get("dtype_bytes", 2)), data.get("max_relative_error"),
+                       data.get("rows") or [], float(data.get("step_ms", 0.0)), data.get("uncertainty") or {},
+                       data.get("note"))

@@ -47,7 +47,7 @@ def test_bench_runs_every_configuration_with_identical_tokens(tiny, prompts_file
         assert spread["min"] <= spread["median"] <= spread["max"] and spread["min"] > 0
         assert 0 <= row["overhead"] < 1 and row["peak_mb"] > 0
     ours = [r for r in rows if r["engine"] in (bench.OURS, bench.OURS_DYNAMIC)]
-    assert all(r["vs_assisted"] is not None and r["predicted_tokens_per_second"] > 0 for r in ours)
+    assert all(r["vs_assisted"] is not None and "predicted_tokens_per_second" not in r for r in ours)
     layered = next(r for r in rows if r["engine"] == bench.OURS and r["draft"] == "layers:0,1")
     assert layered["draft_ms_per_token"] > 0 and layered["mean_gamma"] == pytest.approx(3, abs=1)
     assert layered["draft_weights_mb"] == 0.0  # a layer view shares the target's weights

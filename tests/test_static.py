@@ -95,3 +95,6 @@ def test_specdec_records_its_runtime(tmp_path):
     lm = lm_eval_model.SpecDecLM(pretrained=str(tiny), draft="prompt-lookup", device="cpu", static_cache="true")
     runtime = lm.specdec_info()["runtime"]
     assert runtime == {"static_cache": True, "compile": False, "attention": lm.model.config._attn_implementation}
+    chosen = lm_eval_model.SpecDecLM(pretrained=str(tiny), draft="prompt-lookup", device="cpu",
+                                     attn_implementation="eager")  # the switch: as with --model hf
+    assert chosen.specdec_info()["runtime"]["attention"] == "eager"

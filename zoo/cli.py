@@ -162,10 +162,8 @@ def rank(
     device: DeviceOpt = None, dtype: DtypeOpt = "auto", use_kernels: UseKernelsOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Rank drafts for a target and a GPU by predicted tokens/s (analytical model, measured TAR). Default drafts:
-    prompt-lookup, a 5-layer view, local catalog drafts and every draft with results for the target.
-
-    A named GPU ranks from model shapes alone (catalog or config.json), without weights."""
+    """Rank drafts for a target and a GPU by predicted tokens/s (analytical model, measured TAR); a named GPU ranks
+    from model shapes alone. Default drafts: prompt-lookup, a 5-layer view, local catalog drafts, drafts with results."""
     from zoo.rank import table_rows
     from zoo.ranking_run import run_rank
 
@@ -174,7 +172,8 @@ def rank(
     if as_json:
         emit(rows, True)
         return
-    typer.echo(f"target {target} on {gpu}: {rows[0]['target_ms_per_token']:.3g} ms per autoregressive token")
+    typer.echo(f"target {target} on {gpu}: {rows[0]['target_ms_per_token']:.3g} ms per autoregressive token"
+               + (f"\nlatency model against measurements: {e}" if (e := rows[0].get("latency_model_error")) else ""))
     emit(table_rows(rows), False)
 
 

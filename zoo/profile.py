@@ -90,34 +90,52 @@ def engine_latency(target, drafters: list, gammas: list[int], prompts: list[list
     return {k: Spread.of_seconds(v) for k, v in verify.items()}, drafts
 
 
+SWEEP_SHAPES = {
+    # group: [(layers, hidden)] -- on a GPU, shapes whose weight reads (up to ~7 GB) separate bandwidth from the
+    # per-layer and per-step costs; on the CPU, shapes small enough for a 2-core machine
+    "cuda": {"depth": [(n, 4096) for n in (1, 2, 4, 8, 16, 32)], "width": [(4, h) for h in (2048, 8192)],
+             "equal params": [(24, 2048), (5, 4096)]},
+    "cpu": {"equal params": [(2, 1024), (8, 512), (32, 256)], "depth": [(n, 512) for n in (2, 4, 8, 16)],
+            "width": [(4, h) for h in (256, 1024, 2048)]},
+}
+
+
 @torch.inference_mode()
 def width_depth_sweep(repeats: int = 7, context: int = 128, device: str | None = None,
-                      dtype: torch.dtype | None = None) -> list[dict]:
-    """ms per token of random-weight Llama models: equal parameter count at several depth/width splits,
-    then depth at fixed width and width at fixed depth (the paper: latency ~ depth, hardly width). On a GPU
-    the models run there in bfloat16; each row says the bytes of weights one step reads."""
+                      dtype: torch.dtype | None = None, rounds: int = 3) -> list[dict]:
+    """ms per token of random-weight Llama models by depth and width (:data:`SWEEP_SHAPES`; the paper: latency
+    ~ depth, hardly width): every shape built and warmed up first, then measured in ``rounds`` interleaved rounds
+    (so a slow drift of the machine hits every shape alike); the median over rounds. On a GPU the models run in
+    bfloat16 with a 32000-token vocabulary; each row says the bytes of weights one step reads."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     device = device or default_device()
-    dtype = dtype or (torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32)
-
-    def run(layers: int, hidden: int, group: str) -> dict:
-        config = LlamaConfig(
-            vocab_size=1024, hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
-            num_attention_heads=max(hidden // 64, 1), num_key_value_heads=max(hidden // 64, 1),
-            max_position_embeddings=context + 64,
-        )
+    kind = torch.device(device).type
+    dtype = dtype or (torch.bfloat16 if kind == "cuda" else torch.float32)
+    vocab = 32000 if kind == "cuda" else 1024
+    shapes = [(group, layers, hidden) for group, sizes in SWEEP_SHAPES[kind].items() for layers, hidden in sizes]
+    models = []
+    for _, layers, hidden in shapes:
+        config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=int(hidden * 2.6875),
+                             num_hidden_layers=layers, num_attention_heads=max(hidden // 128, 1),
+                             num_key_value_heads=max(hidden // 128, 1), max_position_embeddings=context + 64)
         torch.manual_seed(0)
-        model = LlamaForCausalLM(config).to(device, dtype).eval()
-        ms = engine_latency(model, [], [], [context_tokens(context, 1024)], repeats)[0][0].median
+        with torch.device(device):
+            models.append(LlamaForCausalLM(config).to(dtype).eval())
+    prompt = context_tokens(context, vocab)
+    for model in models:  # warm-up per shape: its first use is not measured
+        engine_latency(model, [], [], [prompt], 1)
+    samples: list[list[float]] = [[] for _ in shapes]
+    for _ in range(rounds):
+        for i, model in enumerate(models):
+            samples[i].append(engine_latency(model, [], [], [prompt], repeats)[0][0].median)
+    rows = []
+    for (group, layers, hidden), model, times in zip(shapes, models, samples, strict=True):
         params = sum(p.numel() for p in model.model.layers.parameters())
         streamed = sum(p.numel() for p in model.parameters()) - model.get_input_embeddings().weight.numel()
-        return {"group": group, "layers": layers, "hidden_size": hidden, "layer_params_m": params / 1e6,
-                "weight_bytes": streamed * torch.finfo(dtype).bits // 8, "ms_per_token": ms}
-
-    rows = [run(l, h, "equal params") for l, h in [(2, 1024), (8, 512), (32, 256)]]
-    rows += [run(l, 512, "depth") for l in (2, 4, 8, 16)]
-    rows += [run(4, h, "width") for h in (256, 512, 1024, 2048)]
+        rows.append({"group": group, "layers": layers, "hidden_size": hidden, "layer_params_m": params / 1e6,
+                     "weight_bytes": streamed * torch.finfo(dtype).bits // 8, "ms_per_token": statistics.median(times),
+                     "ms_min": min(times), "ms_max": max(times)})
     return rows
 
 

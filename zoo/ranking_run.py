@@ -77,7 +77,11 @@ def run_rank(target_name: str, gpu: str = "this", task: str = DEFAULT_TASK, n_me
     wanted = gammas or sorted({g for c in candidates for g in c.tar}) or list(MEASURE_GAMMAS)
     t_target = hardware.forward_seconds(target.shape, 1, accelerator, runtime) * 1000
     t_verify = {g: hardware.forward_seconds(target.shape, g + 1, accelerator, runtime) * 1000 for g in wanted}
-    return rank(candidates, t_target, t_verify, gammas)
+    rows = rank(candidates, t_target, t_verify, gammas)
+    error = hardware.model_error(accelerator.name, runtime)
+    for row in rows:  # how far the latency model is from what was measured on that GPU, where anything was
+        row["latency_model_error"] = error
+    return rows
 
 
 def _measure_tar(target, tokenizer, task: str, n: int, candidates: list[Candidate], gammas: list[int],
