@@ -147,3 +147,20 @@ def test_rank_unknown_offline_model_is_one_line(tmp_path):
     env = {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path)}
     assert_one_line_error(run_cli("zoo", "rank", "--target", "acme/unknown-70b", "--gpu", "h100", env=env),
                           "no shape known for 'acme/unknown-70b' offline")
+
+
+def test_rank_counts_kv_reads_at_the_context_asked_for(tmp_path):
+    """A longer context reads more KV cache per step: the target's step is slower at --context 4096 (cuda-graphs:
+    not host-bound, so every byte shows)."""
+    env = {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path)}
+
+    def target_ms(context: str) -> float:
+        done = run_cli("zoo", "rank", "--target", "llama-2-7b", "--gpu", "h200", "--runtime", "cuda-graphs",
+                       "--drafts", "prompt-lookup", "--context", context, "--json", env=env)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return json.loads(done.stdout)[0]["target_ms_per_token"]
+
+    # Llama-2-7B: 32 layers x 32 KV heads x 128 x 2 (K and V) x 2 bytes = 0.5 MB per token, at 4.8 TB/s
+    assert target_ms("4096") - target_ms("0") == pytest.approx(4096 * 524288 / 4.8e12 * 1000, rel=0.01)
+    assert_one_line_error(run_cli("zoo", "rank", "--target", "llama-2-7b", "--gpu", "h200", "--context", "-1",
+                                  env=env), "--context -1 must be >= 0")

@@ -12,7 +12,7 @@ from conftest import run_cli, save_tiny
 from specdraft_eval.analytical import Latencies, predicted_from_latencies, steps_by_draft_length
 from specdraft_eval.stats import GenerationStats
 from test_zoo_cli import assert_one_line_error
-from zoo.validate import deviation
+from zoo.validate import composite_latencies, context_buckets, deviation, predicted_tokens_per_second
 
 LATENCIES = Latencies({0: 40.0, 1: 45.0, 2: 50.0, 3: 55.0, 4: 60.0}, t_draft_ms=5.0, draft_prefill_ms_per_token=0.1)
 
@@ -74,4 +74,60 @@ def test_validate_cli_rows_plot_and_figures(tiny, tmp_path):
 
 def test_validate_bad_input(tiny):
     assert_one_line_error(run_cli("zoo", "validate", "--target", str(tiny), "--prompts", "0"), "--prompts 0 must be >= 1")
-    assert_one_line_error(run_cli("zoo", "validate", "--target", str(tiny), "--prompts", "200"), "leaves too few")
+    assert_one_line_error(run_cli("zoo", "validate", "--target", str(tiny), "--gamma", "0"), "bad --gamma")
+
+
+def test_context_buckets_split_the_measured_lengths():
+    buckets = context_buckets([10, 11, 12, 100, 101, 102, 400, 401, 402])
+    assert buckets[10] == buckets[12] == 11 and buckets[100] == 101 and buckets[402] == 401
+    assert context_buckets([7, 7]) == {7: 7}
+
+
+def test_each_request_is_predicted_from_its_own_buckets_profile():
+    """Σ tokens / Σ predicted seconds, each request with its bucket's latencies: a long-context request with
+    slower verification weighs as much as its tokens, not as one run's average."""
+    from specdraft_eval.profiles import DraftTiming, Profile, Spread
+
+    def profile(verify_ms: float) -> Profile:
+        spread = Spread(verify_ms, verify_ms, verify_ms, 1)
+        timing = DraftTiming(Spread(5.0, 5.0, 5.0, 1), 0.1)
+        return Profile("cpu", "t", 16, 1, {k: Spread(verify_ms + 5 * k, verify_ms, verify_ms, 1) for k in range(5)},
+                       {"d": timing})
+
+    short, long = profile(40.0), profile(80.0)
+    runs = [(run_counts(), short, None), (run_counts(), long, None)]
+    alone = [predicted_from_latencies(run_counts(), p.latencies("d")) for p in (short, long)]
+    assert predicted_tokens_per_second(runs, "d") == pytest.approx(60 / (30 / alone[0] + 30 / alone[1]))
+    assert predicted_tokens_per_second(runs, "missing") is None
+
+
+def test_a_composite_is_charged_for_the_part_that_drafted_each_step():
+    """Lookup steps cost nothing, model steps 5 ms a token: a request whose steps the model drafted 3 times in 4
+    is predicted with 3.75 ms a drafted token, from the parts' own profiled latencies."""
+    from specdraft_eval.profiles import DraftTiming, Profile, Spread
+
+    def spread(ms: float) -> Spread:
+        return Spread(ms, ms, ms, 1)
+
+    profile = Profile("cpu", "t", 16, 1, {k: spread(40.0 + 5 * k) for k in range(5)},
+                      {"lookup": DraftTiming(spread(0.0), 0.0), "model": DraftTiming(spread(5.0), 0.1)})
+    mixed = composite_latencies(profile, ["lookup", "model"], [1, 3])
+    assert mixed.t_draft_ms == pytest.approx(3.75) and mixed.draft_prefill_ms_per_token == pytest.approx(0.1)
+    expected = predicted_from_latencies(run_counts(), mixed)
+    assert predicted_tokens_per_second([(run_counts(), profile, [1, 3])], "lookup|model", ["lookup", "model"]) == (
+        pytest.approx(expected))
+
+
+def test_validate_grid_covers_tasks_gammas_and_dynamic_gamma(tiny, tmp_path):
+    plot = tmp_path / "grid.png"
+    done = run_cli("zoo", "validate", "--target", str(tiny), "--grid", "--drafts", "prompt-lookup", "--drafts",
+                   "prompt-lookup:2-3|layers:0-1", "--prompts", "1", "--repeats", "1", "--max-new-tokens", "6",
+                   "--plot", str(plot), "--json", env={"SPECDRAFT_EVAL_CACHE": str(tmp_path / "cache")})
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads(done.stdout)
+    assert {(r["task"], r["draft"], r["gamma"], r["dynamic_gamma"]) for r in rows} == {
+        (t, d, g, dyn) for t in ("specdec_humaneval", "specdec_mmlu_cot")
+        for d in ("prompt-lookup:3", "prompt-lookup:2-3|layers:0,1") for g in (1, 2, 3, 4) for dyn in (False, True)}
+    saved = json.loads(plot.with_suffix(".json").read_text())
+    assert len(saved["profile_contexts"]) >= 1 and saved["p90_abs_deviation"] <= saved["max_abs_deviation"]
+    assert all(r["predicted_tokens_per_second"] > 0 for r in rows)

@@ -9,9 +9,9 @@ import typer
 
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.targets import DEFAULT_TARGET
-from zoo.cli_support import (CompileOpt, DeviceOpt, DraftsOpt, DtypeOpt, GammaOpt, JsonOpt, KernelsOpt, MaxNewOpt, OutOpt,
-                             RepeatsOpt, ResultsOpt, TargetOpt, UseKernelsOpt, cli_errors, emit, load_settings,
-                             one_gamma, parse_positive_ints, progress)
+from zoo.cli_support import (CompileOpt, ContextOpt, DeviceOpt, DraftsOpt, DtypeOpt, DynamicOpt, GammaOpt, GridOpt, JsonOpt,
+                             KernelsOpt, MaxNewOpt, OutOpt, RepeatsOpt, ResultsOpt, TargetOpt, UseKernelsOpt,
+                             cli_errors, emit, load_settings, one_gamma, parse_positive_ints, progress)
 from zoo.rank import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TASK
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -156,7 +156,7 @@ def rank(
     gamma: Annotated[Optional[str], typer.Option(help="Comma-separated γ values to rank; default: every γ up to the "
                                                  "largest in the results (smaller ones estimated), or 1,2,4,8.")] = None,
     results: ResultsOpt = None,
-    max_new_tokens: MaxNewOpt = DEFAULT_MAX_NEW_TOKENS,
+    max_new_tokens: MaxNewOpt = DEFAULT_MAX_NEW_TOKENS, context: ContextOpt = 128,
     runtime: Annotated[str, typer.Option(help="With a named GPU: eager (PyTorch eager, as this engine) or "
                                          "cuda-graphs (torch.compile / graph replay).")] = "eager",
     device: DeviceOpt = None, dtype: DtypeOpt = "auto", use_kernels: UseKernelsOpt = False,
@@ -168,7 +168,7 @@ def rank(
     from zoo.ranking_run import run_rank
 
     rows = run_rank(target, gpu, task, measure, drafts, parse_positive_ints(gamma) if gamma else None,
-                    results or None, max_new_tokens, runtime, load_settings(device, dtype, use_kernels))
+                    results or None, max_new_tokens, runtime, load_settings(device, dtype, use_kernels), context)
     if as_json:
         emit(rows, True)
         return
@@ -182,10 +182,10 @@ def rank(
 def validate(
     target: TargetOpt = DEFAULT_TARGET,
     drafts: DraftsOpt = None,
-    task: Annotated[str, typer.Option(help=TaskText)] = DEFAULT_TASK,
-    prompts: Annotated[int, typer.Option(help="Prompts per measurement (the task's first N; the profile uses "
-                                         "the next two).")] = 4,
+    task: Annotated[Optional[list[str]], typer.Option(help=TaskText + " Repeat for several.")] = None,
+    prompts: Annotated[int, typer.Option(help="Prompts per measurement: each task's first N.")] = 4,
     gamma: GammaOpt = "1,2,4",
+    grid: GridOpt = False, dynamic: DynamicOpt = False,
     repeats: RepeatsOpt = 3,
     max_new_tokens: MaxNewOpt = DEFAULT_MAX_NEW_TOKENS,
     plot: Annotated[Path, typer.Option(help="Where to write the predicted-vs-measured plot (and beside it, "
@@ -194,22 +194,22 @@ def validate(
     device: DeviceOpt = None, dtype: DtypeOpt = "auto", use_kernels: UseKernelsOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Check the analytical model: predict tokens/s from a separate profile and measured TAR, then measure
-    (default drafts: prompt-lookup and layers:0-4)."""
+    """Check the analytical model: predict tokens/s from a separate profile per context bucket and the runs'
+    counts, then measure (default drafts: prompt-lookup and layers:0-4; --grid: drafts x γ 1-4 x both tasks)."""
     from zoo import validate as validation
 
+    tasks, drafts, gammas = validation.configurations(task, drafts, parse_positive_ints(gamma), grid)
     with progress("profiling, then measuring") as tick:
-        result = validation.run(target, drafts or ["prompt-lookup", "layers:0-4"], task, prompts,
-                                parse_positive_ints(gamma), repeats, max_new_tokens, plot,
-                                load_settings(device, dtype, use_kernels, kernels), tick)
+        result = validation.run(target, drafts, tasks, prompts, gammas, repeats, max_new_tokens, plot,
+                                load_settings(device, dtype, use_kernels, kernels), dynamic or grid, tick)
     if as_json:
         emit(result["rows"], True)
         return
     typer.echo(f"target {target} on {result['hardware']}: {prompts} prompts × {max_new_tokens} tokens, "
                f"{repeats} repeats (medians; min–max over repeats)")
     emit(validation.table_rows(result), False)
-    typer.echo(f"median |deviation| {result['median_abs_deviation']:.1%}, max {result['max_abs_deviation']:.1%}; "
-               f"plot written to {plot}")
+    typer.echo(f"|deviation|: median {result['median_abs_deviation']:.1%}, p90 {result['p90_abs_deviation']:.1%}, "
+               f"max {result['max_abs_deviation']:.1%}; plot written to {plot}")
 
 
 @app.command()

@@ -35,6 +35,10 @@ DtypeOpt = Annotated[str, typer.Option(help="Weights' dtype: auto (bfloat16 on a
                                        "bfloat16 or float16.")]
 UseKernelsOpt = Annotated[bool, typer.Option("--use-kernels", help="Let transformers fetch its hub kernels (needs "
                                              "the network; off by default).")]
+ContextOpt = Annotated[int, typer.Option(help="With a named GPU: the context (tokens in the KV cache) each step reads.")]
+GridOpt = Annotated[bool, typer.Option("--grid", help="Every draft (default: prompt-lookup, layers:0-4 and their "
+                                      "composite) at γ 1-4, fixed and dynamic, on both bundled tasks.")]
+DynamicOpt = Annotated[bool, typer.Option("--dynamic", help="Also run every draft and γ with dynamic γ.")]
 CompileOpt = Annotated[bool, typer.Option("--compile", help="Our engine's steps compiled over a static KV cache "
                                           "(CUDA graphs on a GPU); its plain decoding too.")]
 KernelsOpt = Annotated[str, typer.Option(help="Linear-layer kernels: onednn (weights pre-packed once, CPU float32/bfloat16; "

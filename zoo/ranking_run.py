@@ -39,17 +39,18 @@ def default_drafts(target_name: str, depth: int) -> list[str]:
 def run_rank(target_name: str, gpu: str = "this", task: str = DEFAULT_TASK, n_measure: int = 0,
              drafts: list[str] | None = None, gammas: list[int] | None = None,
              results: list[Path] | None = None, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-             runtime: str = "eager", settings: LoadSettings = LoadSettings(kernels="onednn")) -> list[dict]:
+             runtime: str = "eager", settings: LoadSettings = LoadSettings(kernels="onednn"),
+             context: int = 128) -> list[dict]:
     """Rank ``drafts`` (default: the defaults plus every draft with results for this target) for ``gpu``.
 
-    ``gpu`` "this" loads the models with ``settings`` and times them on its device (the profile of that
-    device); a named GPU ranks from shapes alone (the
-    catalog or config.json files) with the latency model of :mod:`zoo.hardware`, so no weights are needed
-    unless ``n_measure`` asks to measure TAR. ``gammas`` None ranks every γ results give a TAR for (up to
-    the largest γ run), or 1, 2, 4, 8.
+    ``gpu`` "this" loads the models with ``settings`` and times them on its device (the profile of that device);
+    a named GPU ranks from shapes alone (the catalog or config.json files) with the latency model of
+    :mod:`zoo.hardware`, KV-cache reads counted at ``context`` tokens, so no weights are needed unless
+    ``n_measure`` asks to measure TAR. ``gammas`` None ranks every γ results give a TAR for (up to the largest γ
+    run), or 1, 2, 4, 8.
     """
-    if n_measure < 0:
-        raise SpecdecError(f"--measure {n_measure} must be >= 0")
+    if n_measure < 0 or context < 0:
+        raise SpecdecError(f"--measure {n_measure} and --context {context} must be >= 0")
     accelerator = None if gpu == "this" else hardware.accelerator(gpu, read_calibration(gpu))
     files = scan_results(results if results is not None else [published.results()])
     records = {f.record.draft: f.record for f in files if f.record.target == target_name}
@@ -64,7 +65,7 @@ def run_rank(target_name: str, gpu: str = "this", task: str = DEFAULT_TASK, n_me
     latency = f"{accelerator.source}: {accelerator.name}, {runtime}"
     candidates = []
     for name, r in resolved.items():
-        t_draft = hardware.forward_seconds(r.shape, 1, accelerator, runtime) * 1000 if r.shape else 0.0
+        t_draft = hardware.forward_seconds(r.shape, 1, accelerator, runtime, context) * 1000 if r.shape else 0.0
         c = Candidate(name, t_draft, f"{latency} ({r.source})" if r.shape else "model-free",
                       r.shape.parameters / 1e6 if r.shape else None,
                       r.shape.kv_bytes_per_token() if r.shape else 0)
@@ -75,8 +76,8 @@ def run_rank(target_name: str, gpu: str = "this", task: str = DEFAULT_TASK, n_me
         _measure_tar(*settings.load(target_name), task, n_measure, candidates, gammas or list(MEASURE_GAMMAS),
                      max_new_tokens)
     wanted = gammas or sorted({g for c in candidates for g in c.tar}) or list(MEASURE_GAMMAS)
-    t_target = hardware.forward_seconds(target.shape, 1, accelerator, runtime) * 1000
-    t_verify = {g: hardware.forward_seconds(target.shape, g + 1, accelerator, runtime) * 1000 for g in wanted}
+    t_target = hardware.forward_seconds(target.shape, 1, accelerator, runtime, context) * 1000
+    t_verify = {g: hardware.forward_seconds(target.shape, g + 1, accelerator, runtime, context) * 1000 for g in wanted}
     rows = rank(candidates, t_target, t_verify, gammas)
     error = hardware.model_error(accelerator.name, runtime)
     for row in rows:  # how far the latency model is from what was measured on that GPU, where anything was

@@ -1,29 +1,36 @@
-"""``zoo validate``: check the analytical model the way the founding paper did (its Appendix D, Figure 12).
+"""``zoo validate``: check the analytical model the way the founding paper did (its Appendix D, Figure 12), on any
+configuration.
 
-Profile latencies first (:func:`zoo.profile.engine_latency`, on prompts the validation does not use), then
-run every draft and γ end to end; predict each run's tokens/s from the profile and the run's *counts* (TAR,
-the mix of draft lengths from the per-position counts, prompt lengths), never from its own seconds, and
-compare with the measured tokens/s.
+Profile latencies first (:func:`zoo.profile.engine_latency`, on random tokens at each *context bucket* of the
+measured prompts: their lengths split into up to three groups, each profiled at its median length, verification
+up to the largest γ a run can use), then run every task, draft, γ (and with ``dynamic``, dynamic γ) end to end;
+predict each request's time from its bucket's profile and its *counts* (TAR, the mix of draft lengths from the
+per-position counts, its prompt length), never from its own seconds, and compare the run's tokens/s with the
+measured ones.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
-from specdraft_eval.analytical import predicted_from_latencies
+from specdraft_eval.analytical import Latencies, predicted_from_latencies
+from specdraft_eval.drafts.composite import CompositeDrafter
 from specdraft_eval.engine import speculative_generate
-from specdraft_eval.errors import SpecdecError
 from specdraft_eval.environment import hardware
+from specdraft_eval.errors import SpecdecError
 from specdraft_eval.files import atomic_write, write_json
+from specdraft_eval.profiles import Profile
 from specdraft_eval.stats import GenerationStats
 from specdraft_eval.targets import LoadSettings
 from zoo.leaderboard import png_bytes
-from zoo.profile import measure_and_write
+from zoo.profile import context_tokens, engine_latency
 from zoo.progress import Tick, no_progress
 
-PROFILE_PROMPTS = 2
+BUCKETS = 3
+TASKS = ("specdec_humaneval", "specdec_mmlu_cot")
 
 
 def check_options(n_prompts: int, repeats: int, max_new_tokens: int) -> None:
@@ -37,43 +44,102 @@ def deviation(predicted: float, measured: float) -> float:
     return predicted / measured - 1
 
 
-def validate(target, target_name: str, drafters: list, prompts: list[list[int]], profile_prompts: list[list[int]],
-             gammas: list[int], repeats: int, max_new_tokens: int,
+def context_buckets(lengths: list[int], buckets: int = BUCKETS) -> dict[int, int]:
+    """Each prompt length -> the context its bucket is profiled at: the lengths, sorted, split into up to
+    ``buckets`` groups of equal count, each represented by its median."""
+    ordered = sorted(set(lengths))
+    size = -(-len(ordered) // min(buckets, len(ordered)))
+    groups = [ordered[i:i + size] for i in range(0, len(ordered), size)]
+    return {length: round(statistics.median(group)) for group in groups for length in group}
+
+
+def composite_latencies(profile: Profile, parts: list[str], used: list[int]) -> Latencies | None:
+    """A composite's latencies for one request: each part's time per drafted token weighted by the share of the
+    request's steps that part drafted (its counts, not its seconds); every part it called read the prompt."""
+    timings = [profile.latencies(part) for part in parts]
+    if any(t is None for t in timings) or not sum(used):
+        return None
+    return replace(timings[0], t_draft_ms=sum(u * t.t_draft_ms for u, t in zip(used, timings)) / sum(used),
+                   draft_prefill_ms_per_token=sum(t.draft_prefill_ms_per_token for t in timings))
+
+
+def predicted_tokens_per_second(runs: list[tuple[GenerationStats, Profile, list[int] | None]], draft: str,
+                                parts: list[str] | None = None) -> float | None:
+    """A run's tokens/s predicted request by request, each from its bucket's profile (a composite's from its
+    parts' latencies and the steps each drafted, :func:`composite_latencies`): Σ tokens / Σ predicted seconds."""
+    seconds = 0.0
+    for stats, profile, used in runs:
+        latencies = composite_latencies(profile, parts, used) if parts and used else profile.latencies(draft)
+        tps = predicted_from_latencies(stats, latencies) if latencies else None
+        if tps is None:
+            return None
+        seconds += stats.generated_tokens / tps
+    return sum(stats.generated_tokens for stats, *_ in runs) / seconds if seconds else None
+
+
+def _parts(drafter) -> list:
+    """A composite's parts (each profiled and charged for the steps it drafted), else none."""
+    return list(drafter.parts) if isinstance(drafter, CompositeDrafter) else []
+
+
+def _request(target, drafter, ids: list[int], max_new_tokens: int, gamma: int,
+             dynamic_gamma: bool) -> tuple[GenerationStats, list[int] | None]:
+    """One generation's stats and, for a composite, the steps each part drafted in it."""
+    before = list(drafter.used) if _parts(drafter) else None
+    stats = speculative_generate(target, drafter, ids, max_new_tokens, num_draft_tokens=gamma,
+                                 dynamic_gamma=dynamic_gamma)[1]
+    return stats, [a - b for a, b in zip(drafter.used, before)] if before is not None else None
+
+
+def validate(target, target_name: str, drafters: list, prompts: dict[str, list[list[int]]], gammas: list[int],
+             repeats: int, max_new_tokens: int, dynamic: bool = False,
              on_run: Callable[[], None] = lambda: None) -> dict:
-    """Profile, then measure every (draft, γ) ``repeats`` times over ``prompts``; rows of predicted against
-    measured tokens/s (medians over repeats, with min and max) and their deviation."""
-    context = round(statistics.mean(len(p) for p in profile_prompts))
-    profile, _ = measure_and_write(target, target_name, drafters, gammas, context, max_new_tokens, None,
-                                   prompts=profile_prompts)
-    on_run()
-    runs: dict[tuple[str, int], list[GenerationStats]] = {}
+    """Profile each context bucket, then measure every (task, draft, γ, dynamic γ) ``repeats`` times over the task's
+    ``prompts``; rows of predicted against measured tokens/s (medians over repeats, with min and max) and their
+    deviation, and the deviations' distribution."""
+    largest = 4 * max(gammas) if dynamic else max(gammas)  # dynamic γ chooses up to 4×γ
+    contexts = context_buckets([len(p) for task_prompts in prompts.values() for p in task_prompts])
+    timed = list({d.name: d for drafter in drafters for d in [drafter, *_parts(drafter)]}.values())
+    profiles = {}
+    for context in sorted(set(contexts.values())):  # cache growing over the generation, as the runs see it
+        verify, drafts = engine_latency(target, timed, sorted({*gammas, largest}),
+                                        [context_tokens(context, target.config.vocab_size)], max_new_tokens)
+        profiles[context] = Profile(hardware(target.device), target_name, context, max_new_tokens, verify, drafts)
+        on_run()
+    runs: dict[tuple, list[list[tuple[GenerationStats, Profile, list[int] | None]]]] = {}
     for _ in range(repeats):  # repeats outermost: slow drifts of the machine spread over every configuration
-        for drafter in drafters:
-            for gamma in gammas:
-                total = GenerationStats()
-                for ids in prompts:
-                    total = total + speculative_generate(target, drafter, ids, max_new_tokens, num_draft_tokens=gamma)[1]
-                runs.setdefault((drafter.name, gamma), []).append(total)
-                on_run()
+        for task, task_prompts in prompts.items():
+            for drafter in drafters:
+                for gamma in gammas:
+                    for dynamic_gamma in (False, True) if dynamic else (False,):
+                        run = []
+                        for ids in task_prompts:
+                            stats, used = _request(target, drafter, ids, max_new_tokens, gamma, dynamic_gamma)
+                            run.append((stats, profiles[contexts[len(ids)]], used))
+                        runs.setdefault((task, drafter, gamma, dynamic_gamma), []).append(run)
+                        on_run()
     rows = []
-    for (draft, gamma), totals in runs.items():
-        latencies = profile.latencies(draft)
-        predicted = [predicted_from_latencies(t, latencies) for t in totals]
+    for (task, drafter, gamma, dynamic_gamma), repeated in runs.items():
+        parts = [part.name for part in _parts(drafter)]
+        predicted = [predicted_tokens_per_second(run, drafter.name, parts) for run in repeated]
+        totals = [sum((stats for stats, *_ in run), GenerationStats()) for run in repeated]
         measured = [t.tokens_per_second for t in totals]
         summary = sum(totals, GenerationStats())
         p, m = statistics.median(predicted), statistics.median(measured)
         rows.append({
-            "draft": draft, "gamma": gamma,
+            "task": task, "draft": drafter.name, "gamma": gamma, "dynamic_gamma": dynamic_gamma,
             "predicted_tokens_per_second": p, "measured_tokens_per_second": m, "deviation": deviation(p, m),
             "predicted_min": min(predicted), "predicted_max": max(predicted),
             "measured_min": min(measured), "measured_max": max(measured),
             "tar": summary.tar, "loop_overhead": summary.loop_overhead,
         })
-    deviations = [abs(r["deviation"]) for r in rows]
-    return {"target": target_name, "hardware": hardware(target.device), "prompts": len(prompts),
-            "max_new_tokens": max_new_tokens, "repeats": repeats, "profile_context": context,
-            "median_abs_deviation": statistics.median(deviations), "max_abs_deviation": max(deviations),
-            "rows": rows}
+    deviations = sorted(abs(r["deviation"]) for r in rows)
+    return {"target": target_name, "hardware": hardware(target.device), "tasks": list(prompts),
+            "prompts": {task: len(p) for task, p in prompts.items()}, "max_new_tokens": max_new_tokens,
+            "repeats": repeats, "profile_contexts": sorted(profiles),
+            "median_abs_deviation": statistics.median(deviations), "max_abs_deviation": deviations[-1],
+            "p90_abs_deviation": deviations[min(len(deviations) - 1, int(0.9 * len(deviations)))],
+            "within_5_percent": sum(d <= 0.05 for d in deviations) / len(deviations), "rows": rows}
 
 
 def plot(result: dict, path: Path) -> None:
@@ -110,24 +176,35 @@ def plot(result: dict, path: Path) -> None:
     atomic_write(path, png_bytes(fig))
 
 
-def run(target_name: str, drafts: list[str], task: str, n_prompts: int, gammas: list[int], repeats: int,
-        max_new_tokens: int, plot_path: Path, settings: LoadSettings, tick: Tick = no_progress) -> dict:
-    """``zoo validate``: load the target and drafts with ``settings``, :func:`validate` on the task's prompts,
-    write the plot at ``plot_path`` and the figures beside it (``.json``); return the figures."""
+GRID_DRAFTS = ("prompt-lookup", "layers:0-4", "prompt-lookup:2-3|layers:0-4")
+DEFAULT_DRAFTS = ("prompt-lookup", "layers:0-4")
+
+
+def configurations(tasks: list[str] | None, drafts: list[str] | None, gammas: list[int],
+                   grid: bool) -> tuple[list[str], list[str], list[int]]:
+    """The tasks, drafts and γ a validation runs: as given, with defaults; ``grid``: both tasks, γ 1-4."""
+    if grid:
+        return list(tasks or TASKS), list(drafts or GRID_DRAFTS), [1, 2, 3, 4]
+    return list(tasks or TASKS[:1]), list(drafts or DEFAULT_DRAFTS), gammas
+
+
+def run(target_name: str, drafts: list[str], tasks: list[str], n_prompts: int, gammas: list[int], repeats: int,
+        max_new_tokens: int, plot_path: Path, settings: LoadSettings, dynamic: bool = False,
+        tick: Tick = no_progress) -> dict:
+    """``zoo validate``: load the target and drafts with ``settings``, :func:`validate` on each task's first
+    ``n_prompts`` prompts, write the plot at ``plot_path`` and the figures beside it (``.json``); return them."""
     from specdraft_eval.drafts import load_draft
     from specdraft_eval.offline_data import task_prompts
 
     check_options(n_prompts, repeats, max_new_tokens)
-    texts = task_prompts(task)
-    if len(texts) < n_prompts + PROFILE_PROMPTS:
-        raise SpecdecError(f"--prompts {n_prompts} leaves too few of {task}'s {len(texts)} prompts for the profile: "
-                           f"use at most {len(texts) - PROFILE_PROMPTS}")
+    texts = {task: task_prompts(task)[:n_prompts] for task in tasks}
     model, tokenizer = settings.load(target_name)
     drafters = [load_draft(name, model, tokenizer) for name in drafts]
-    ids = [tokenizer(t).input_ids[-512:] for t in texts[: n_prompts + PROFILE_PROMPTS]]
-    tick(0, total=1 + repeats * len(drafters) * len(gammas))
-    result = validate(model, target_name, drafters, ids[:n_prompts], ids[n_prompts:], gammas, repeats,
-                      max_new_tokens, on_run=tick)
+    keep = min(512, getattr(model.config, "max_position_embeddings", 512 + max_new_tokens) - max_new_tokens)
+    ids = {task: [tokenizer(t).input_ids[-keep:] for t in prompts] for task, prompts in texts.items()}
+    runs = len(tasks) * len(drafters) * len(gammas) * (2 if dynamic else 1)
+    tick(0, total=BUCKETS + repeats * runs)
+    result = validate(model, target_name, drafters, ids, gammas, repeats, max_new_tokens, dynamic, on_run=tick)
     plot(result, plot_path)
     write_json(plot_path.with_suffix(".json"), result)
     return result
@@ -135,8 +212,8 @@ def run(target_name: str, drafts: list[str], task: str, n_prompts: int, gammas: 
 
 def table_rows(result: dict) -> list[dict]:
     """The rows as a text table shows them."""
-    return [{"draft": r["draft"], "γ": r["gamma"], "predicted tok/s": r["predicted_tokens_per_second"],
-             "measured tok/s": r["measured_tokens_per_second"],
+    return [{"task": r["task"], "draft": r["draft"], "γ": r["gamma"] if not r["dynamic_gamma"] else f"{r['gamma']} dyn",
+             "predicted tok/s": r["predicted_tokens_per_second"], "measured tok/s": r["measured_tokens_per_second"],
              "measured min–max": f"{r['measured_min']:.3g}–{r['measured_max']:.3g}",
              "deviation": f"{r['deviation']:+.1%}", "TAR": r["tar"], "loop overhead": f"{r['loop_overhead']:.1%}"}
             for r in result["rows"]]
