@@ -164,3 +164,17 @@ def test_rank_counts_kv_reads_at_the_context_asked_for(tmp_path):
     assert target_ms("4096") - target_ms("0") == pytest.approx(4096 * 524288 / 4.8e12 * 1000, rel=0.01)
     assert_one_line_error(run_cli("zoo", "rank", "--target", "llama-2-7b", "--gpu", "h200", "--context", "-1",
                                   env=env), "--context -1 must be >= 0")
+
+
+def test_rank_h200_on_the_catalogs_llama_shapes_reproduces_the_measured_figures(tmp_path):
+    """`zoo rank --gpu h200` from the catalog's shapes (no weights): Llama-2-7B's step (21.21 ms measured) and the
+    wide/deep draft pair (3.91 / 14.94 ms) as measured on one H200, eager, each within 15%, ratio within 10%."""
+    done = run_cli("zoo", "rank", "--target", "llama-2-7b", "--gpu", "h200", "--drafts", "sheared-llama-1.3b",
+                   "--drafts", "wide-sheared-llama-1.3b", "--json", env={"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = {r["draft"]: r for r in json.loads(done.stdout)}
+    assert rows["sheared-llama-1.3b"]["target_ms_per_token"] == pytest.approx(21.21, rel=0.15)
+    deep, wide = rows["sheared-llama-1.3b"]["draft_ms_per_token"], rows["wide-sheared-llama-1.3b"]["draft_ms_per_token"]
+    assert deep == pytest.approx(14.94, rel=0.15) and wide == pytest.approx(3.91, rel=0.15)
+    assert wide / deep == pytest.approx(3.91 / 14.94, rel=0.10)
+    assert "in-sample" in rows["sheared-llama-1.3b"]["latency_model_error"]

@@ -89,7 +89,6 @@ def test_each_request_is_predicted_from_its_own_buckets_profile():
     from specdraft_eval.profiles import DraftTiming, Profile, Spread
 
     def profile(verify_ms: float) -> Profile:
-        spread = Spread(verify_ms, verify_ms, verify_ms, 1)
         timing = DraftTiming(Spread(5.0, 5.0, 5.0, 1), 0.1)
         return Profile("cpu", "t", 16, 1, {k: Spread(verify_ms + 5 * k, verify_ms, verify_ms, 1) for k in range(5)},
                        {"d": timing})

@@ -8,7 +8,6 @@ per-position counts, :meth:`GenerationStats.tar_at`), or measured on N prompts o
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from specdraft_eval.analytical import predicted_tokens_per_second
 from specdraft_eval.record import ResultsFile
