@@ -117,6 +117,7 @@ def test_a_composite_is_charged_for_the_part_that_drafted_each_step():
         pytest.approx(expected))
 
 
+@pytest.mark.slow  # 48 configurations through the real CLI: the full suite runs it
 def test_validate_grid_covers_tasks_gammas_and_dynamic_gamma(tiny, tmp_path):
     plot = tmp_path / "grid.png"
     done = run_cli("zoo", "validate", "--target", str(tiny), "--grid", "--drafts", "prompt-lookup", "--drafts",
