@@ -72,13 +72,11 @@ class DecodeParams:
     eos_token_id: int | Sequence[int] | None = None
     static_cache: bool = False  # the target's and model drafts' KV caches preallocated to the request's budget
     compile: bool = False  # the target's decode and verification steps compiled (CUDA graphs on a GPU); implies
-    # static_cache
-
-    @property
-    def static(self) -> bool:
-        return self.static_cache or self.compile
+    # static_cache, which __post_init__ sets
 
     def __post_init__(self) -> None:
+        if self.compile:
+            object.__setattr__(self, "static_cache", True)  # compiled steps need fixed tensor addresses
         gamma = self.num_draft_tokens
         if not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 1:
             raise SpecdecError(f"num_draft_tokens must be an integer >= 1 (got {gamma!r})")
@@ -307,17 +305,19 @@ def _decode(target, draft: Drafter, prompts: list[list[int]], params: DecodePara
     and let rows leave as they finish. Returns each row's new tokens and the batch's stats (counters summed over
     rows, times once for the batch)."""
     device, eos, max_new_tokens = target.device, params.eos(target), params.max_new_tokens
-    longest = max(map(len, prompts)) + max_new_tokens + (controller.max_gamma if controller else params.num_draft_tokens)
+    largest_gamma = controller.max_gamma if controller else params.num_draft_tokens
+    longest = max(map(len, prompts)) + max_new_tokens + largest_gamma  # the most positions a row can hold
     start = clock(device)
     # a static cache holds the longest row, and in a batch its holes until compaction (at twice the longest + 16)
-    cache = prefill(target, prompts, (longest if len(prompts) == 1 else 2 * longest + 16) if params.static else None)
+    capacity = (longest if len(prompts) == 1 else 2 * longest + 16) if params.static_cache else None
+    cache = prefill(target, prompts, capacity)
     if params.compile:
         cache.step = graphs.compiled(target)
     decode_start = clock(device)
     rows = [_Row(i, prompt, draft.fork() if len(prompts) > 1 else draft, params.sampler(device), stop)
             for i, (prompt, stop) in enumerate(zip(prompts, stops, strict=True))]
     for row in rows:
-        row.drafter.reset(longest if params.static else None)
+        row.drafter.reset(longest if params.static_cache else None)
         row.stats = GenerationStats(generations=1, prompt_tokens=len(row.prompt))
     finished: list[_Row] = []
     draft_seconds = verify_seconds = 0.0
