@@ -15,11 +15,12 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from specdraft_eval import graphs, kv
-from specdraft_eval.drafts.base import Drafter, Proposal
+from specdraft_eval.drafts.base import Drafter, NoFeedback, Proposal
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.gamma import GammaController
 from specdraft_eval.sampling import Sampler, make_generator
 from specdraft_eval.stats import GenerationStats
+from specdraft_eval.taps import FeatureTap
 
 StopCheck = Callable[[list[int]], bool]
 """Called with the tokens generated so far; True ends generation (lm-eval's stop sequences)."""
@@ -270,7 +271,7 @@ def prefill(target, prompts: list[list[int]], capacity: int | None = None) -> Ba
     return cache
 
 
-class _NoDraft:
+class _NoDraft(NoFeedback):
     """Proposes nothing: the loop then decodes autoregressively, one target token per step."""
 
     name = "none"
@@ -299,26 +300,11 @@ class _Row:
     stats: GenerationStats = field(default_factory=GenerationStats)
 
 
-def _decode(target, draft: Drafter, prompts: list[list[int]], params: DecodeParams, *, stops: list[StopCheck | None],
-            controller: GammaController | None) -> tuple[list[list[int]], GenerationStats]:
-    """The loop every generation runs: prefill all rows, then draft per row, verify all rows in one target pass,
-    and let rows leave as they finish. Returns each row's new tokens and the batch's stats (counters summed over
-    rows, times once for the batch)."""
+def _steps(target, cache: BatchCache, rows: list[_Row], params: DecodeParams, controller: GammaController | None,
+           tap: FeatureTap | None) -> tuple[list[_Row], float, float]:
+    """Draft per row, verify all rows in one target pass, hand each row's draft the target's features of what it
+    kept, until every row has finished. Returns the finished rows and the draft and verification seconds."""
     device, eos, max_new_tokens = target.device, params.eos(target), params.max_new_tokens
-    largest_gamma = controller.max_gamma if controller else params.num_draft_tokens
-    longest = max(map(len, prompts)) + max_new_tokens + largest_gamma  # the most positions a row can hold
-    start = clock(device)
-    # a static cache holds the longest row, and in a batch its holes until compaction (at twice the longest + 16)
-    capacity = (longest if len(prompts) == 1 else 2 * longest + 16) if params.static_cache else None
-    cache = prefill(target, prompts, capacity)
-    if params.compile:
-        cache.step = graphs.compiled(target)
-    decode_start = clock(device)
-    rows = [_Row(i, prompt, draft.fork() if len(prompts) > 1 else draft, params.sampler(device), stop)
-            for i, (prompt, stop) in enumerate(zip(prompts, stops, strict=True))]
-    for row in rows:
-        row.drafter.reset(longest if params.static_cache else None)
-        row.stats = GenerationStats(generations=1, prompt_tokens=len(row.prompt))
     finished: list[_Row] = []
     draft_seconds = verify_seconds = 0.0
     while rows:
@@ -333,12 +319,15 @@ def _decode(target, draft: Drafter, prompts: list[list[int]], params: DecodePara
         verdicts = verify_step(target, cache, [row.prompt + row.new for row in rows], proposals,
                                [row.sampler for row in rows])
         t2 = clock(device)
+        features = tap.take() if tap else None  # [rows, width, features]: the target's, for drafts that read them
         draft_seconds += t1 - t0
         verify_seconds += t2 - t1
         staying = []
         for position, (row, proposal, (accepted, next_token)) in enumerate(zip(rows, proposals, verdicts, strict=True)):
             row.stats.record_step(len(proposal.tokens), accepted)
             row.new, done = _finish(row.new + [*proposal.tokens[:accepted], next_token], eos, max_new_tokens)
+            if features is not None:
+                row.drafter.observe(features[position, : accepted + 1])
             if controller:
                 controller.update(len(proposal.tokens), accepted, (t1 - t0) / len(rows), (t2 - t1) / len(rows))
             if done or (row.stop is not None and row.stop(row.new)):
@@ -349,6 +338,38 @@ def _decode(target, draft: Drafter, prompts: list[list[int]], params: DecodePara
             rows = [rows[i] for i in staying]
             if rows:
                 cache.select(staying)
+    return finished, draft_seconds, verify_seconds
+
+
+def _decode(target, draft: Drafter, prompts: list[list[int]], params: DecodeParams, *, stops: list[StopCheck | None],
+            controller: GammaController | None) -> tuple[list[list[int]], GenerationStats]:
+    """The loop every generation runs: prefill all rows, then draft per row, verify all rows in one target pass,
+    and let rows leave as they finish. Returns each row's new tokens and the batch's stats (counters summed over
+    rows, times once for the batch)."""
+    device, max_new_tokens = target.device, params.max_new_tokens
+    largest_gamma = controller.max_gamma if controller else params.num_draft_tokens
+    longest = max(map(len, prompts)) + max_new_tokens + largest_gamma  # the most positions a row can hold
+    start = clock(device)
+    # a static cache holds the longest row, and in a batch its holes until compaction (at twice the longest + 16)
+    capacity = (longest if len(prompts) == 1 else 2 * longest + 16) if params.static_cache else None
+    tap = FeatureTap(target, draft.taps) if draft.taps else None
+    try:
+        cache = prefill(target, prompts, capacity)
+        prefilled = tap.take() if tap else None  # [rows, longest prompt - 1, features]
+        if params.compile:
+            cache.step = graphs.compiled(target)
+        decode_start = clock(device)
+        rows = [_Row(i, prompt, draft.fork() if len(prompts) > 1 else draft, params.sampler(device), stop)
+                for i, (prompt, stop) in enumerate(zip(prompts, stops, strict=True))]
+        for row in rows:
+            row.drafter.reset(longest if params.static_cache else None)
+            row.stats = GenerationStats(generations=1, prompt_tokens=len(row.prompt))
+            if prefilled is not None:
+                row.drafter.observe(prefilled[row.index, : len(row.prompt) - 1])
+        finished, draft_seconds, verify_seconds = _steps(target, cache, rows, params, controller, tap)
+    finally:
+        if tap:
+            tap.close()
     total = GenerationStats()
     for row in sorted(finished, key=lambda r: r.index):
         row.stats.generated_tokens = len(row.new)

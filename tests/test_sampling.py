@@ -12,9 +12,11 @@ from scipy.stats import chisquare
 
 from specdraft_eval import speculative_generate, speculative_generate_batch
 from specdraft_eval.drafts.composite import CompositeDrafter
+from specdraft_eval.drafts.eagle import EagleDrafter
 from specdraft_eval.drafts.model import ModelDrafter
 from specdraft_eval.drafts.prompt_lookup import PromptLookupDrafter
 from specdraft_eval.sampling import Sampler
+from zoo.train_head import new_head
 
 VOCAB = 8
 PROMPT = [3, 1, 4, 1, 5, 1]  # repeats give prompt lookup something to propose
@@ -76,7 +78,7 @@ SETTINGS = [
 
 
 @pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
-@pytest.mark.parametrize("draft_kind", ["model", "reduced-head", "prompt-lookup", "composite"])
+@pytest.mark.parametrize("draft_kind", ["model", "reduced-head", "prompt-lookup", "composite", "eagle", "eagle-reduced"])
 def test_emitted_tokens_follow_target_distribution(target, setting, draft_kind):
     if draft_kind == "composite" and setting is not SETTINGS[0]:
         pytest.skip("each composite proposal is one part's own: one setting suffices")
@@ -86,6 +88,9 @@ def test_emitted_tokens_follow_target_distribution(target, setting, draft_kind):
         "prompt-lookup": PromptLookupDrafter,
         "composite": lambda: CompositeDrafter([PromptLookupDrafter(), ModelDrafter(tiny_llama(seed=7, vocab=VOCAB,
                                                                                               layers=1), "d", VOCAB)]),
+        "eagle": lambda: EagleDrafter(new_head(target, seed=7), target, "e", None),
+        "eagle-reduced": lambda: EagleDrafter(new_head(target, [0, 1, 3, 4, 6], seed=7), target, "e",
+                                              [0, 1, 3, 4, 6]),
     }
     draft = drafts[draft_kind]()
     expected = exact_joint(target, Sampler(True, **setting))

@@ -10,7 +10,7 @@ import typer
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.targets import DEFAULT_TARGET
 from zoo.cli_support import (CompileOpt, ContextOpt, DeviceOpt, DraftsOpt, DtypeOpt, DynamicOpt, GammaOpt, GridOpt, JsonOpt,
-                             KernelsOpt, MaxNewOpt, OutOpt, RepeatsOpt, ResultsOpt, TargetOpt, UseKernelsOpt,
+                             KernelsOpt, MaxNewOpt, OutOpt, PromptsOpt, RepeatsOpt, ResultsOpt, TargetOpt, UseKernelsOpt,
                              cli_errors, emit, load_settings, one_gamma, parse_positive_ints, progress)
 from zoo.rank import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TASK
 
@@ -83,9 +83,7 @@ def prune(
 def ngram(
     model: Annotated[str, typer.Argument(help="The target whose own continuations the draft learns.")],
     out: OutOpt,
-    prompts: Annotated[Optional[str], typer.Option(help="Prompts to continue: a bundled task's held-in documents "
-                                                   "(specdec_humaneval, specdec_mmlu_cot) or a text file of prompts "
-                                                   "separated by blank lines (default: both tasks' held-in documents).")] = None,
+    prompts: PromptsOpt = None,
     new_tokens: Annotated[int, typer.Option(help="Tokens the target generates per prompt.")] = 128,
     max_prompts: Annotated[int, typer.Option(help="Continue at most this many prompts (the default keeps the build "
                                              "under 10 minutes on 2 CPU cores).")] = 160,
@@ -98,6 +96,26 @@ def ngram(
     settings = load_settings(device, dtype, use_kernels)
     with progress("continuing prompts") as tick:
         emit(make_draft(model, out, prompts, new_tokens, max_prompts, settings, tick), as_json)
+
+
+@app.command("train-head")
+@cli_errors
+def train_head(
+    model: Annotated[str, typer.Argument(help="The target whose hidden states the head learns to predict.")],
+    out: OutOpt,
+    prompts: PromptsOpt = None,
+    steps: Annotated[int, typer.Option(help="Training steps (8 windows of 192 tokens each).")] = 800,
+    vocab_top: Annotated[int, typer.Option(help="Output vocabulary: the target's commonest tokens (0: all).")] = 8192,
+    new_tokens: Annotated[int, typer.Option(help="Tokens the target generates per prompt.")] = 192,
+    max_prompts: Annotated[Optional[int], typer.Option(help="Continue at most this many prompts.")] = None,
+    device: DeviceOpt = None, dtype: DtypeOpt = "auto", as_json: JsonOpt = False,
+) -> None:
+    """Train an EAGLE-style head (`draft=eagle:DIR`) on the target's own text and hidden states; rerun to resume."""
+    from zoo.train_head import HeadTraining, train_head as run
+
+    settings = HeadTraining(prompts, max_prompts, new_tokens, vocab_top=vocab_top, steps=steps)
+    with progress("continuing prompts, then training") as tick:
+        emit(run(model, out, settings, load_settings(device, dtype, False, kernels="plain"), tick), as_json)
 
 
 @app.command()

@@ -24,6 +24,9 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JS
 TargetOpt = Annotated[str, typer.Option("--target", "-t", help="Target model: alias, directory, .gguf or hub id.")]
 DraftsOpt = Annotated[Optional[list[str]], typer.Option("--drafts", "-d", help="Drafts (repeat the option).")]
 GammaOpt = Annotated[str, typer.Option("--gamma", help="Comma-separated γ values (draft tokens per step).")]
+PromptsOpt = Annotated[Optional[str], typer.Option(
+    help="Prompts to continue: a bundled task's held-in documents (specdec_humaneval, specdec_mmlu_cot) or a text "
+         "file of prompts separated by blank lines (default: both tasks' held-in documents).")]
 OutOpt = Annotated[Path, typer.Option("--out", "-o", help="New directory for the draft (must not exist).")]
 MaxNewOpt = Annotated[int, typer.Option(help="Tokens per generation.")]
 ResultsOpt = Annotated[Optional[list[Path]], typer.Option(help="Results folders or files written by lm_eval "

@@ -42,3 +42,25 @@ class Drafter(Protocol):
         """A drafter with the same weights or tables but state of its own, for one row of a batch (a stateless
         drafter may return itself)."""
         ...
+
+    taps: tuple[int, ...]
+    """Which of the target's hidden states the draft reads back (cf. transformers' ``update_candidate_strategy``):
+    ``i`` is the input of decoder layer i, :data:`FINAL` the last hidden state after the final norm; () for none."""
+
+    def observe(self, features: torch.Tensor) -> None:
+        """Feedback after each target pass (prefill and verification): ``[n, len(taps) * hidden]``, the target's
+        hidden states at ``taps`` for the n positions this row kept, in order. Called only when ``taps``."""
+        ...
+
+
+FINAL = -1
+"""A tap: the target's last hidden state after its final norm (the input of its output head)."""
+
+
+class NoFeedback:
+    """For drafts that read nothing back from the target's passes."""
+
+    taps: tuple[int, ...] = ()
+
+    def observe(self, features: torch.Tensor) -> None:
+        """Nothing to read."""

@@ -8,7 +8,10 @@ verification (greedy or rejection sampling against that part's distribution) sta
 
 from __future__ import annotations
 
+import torch
+
 from specdraft_eval.drafts.base import Drafter, Proposal
+from specdraft_eval.errors import SpecdecError
 from specdraft_eval.sampling import Sampler
 
 SEPARATOR = "|"
@@ -21,6 +24,17 @@ class CompositeDrafter:
         self.parts = parts
         self.name = SEPARATOR.join(p.name for p in parts)
         self.used = [0] * len(parts)
+        reading = {p.taps for p in parts if p.taps}
+        if len(reading) > 1:
+            raise SpecdecError(f"composite {self.name} has parts reading different hidden states of the target: "
+                               "combine one feature-level head with model-free drafts")
+        self.taps: tuple[int, ...] = next(iter(reading), ())
+
+    def observe(self, features: torch.Tensor) -> None:
+        """Every part that reads features sees them all, whichever part drafted."""
+        for part in self.parts:
+            if part.taps:
+                part.observe(features)
 
     @property
     def model(self):

@@ -45,6 +45,14 @@ def _decoder_path(model: torch.nn.Module, depth: int) -> list[str]:
     raise SpecdecError(f"cannot find the decoder layers of {type(model).__name__}: use a separate draft model instead")
 
 
+def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
+    """``model``'s decoder layers."""
+    module = model
+    for attr in _decoder_path(model, model.config.num_hidden_layers):
+        module = getattr(module, attr)
+    return module
+
+
 def _shallow(module: torch.nn.Module) -> torch.nn.Module:
     """A new module object sharing parameters and children but with its own child table and hooks."""
     clone = copy.copy(module)

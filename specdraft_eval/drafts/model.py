@@ -7,7 +7,7 @@ import copy
 import torch
 
 from specdraft_eval import kv
-from specdraft_eval.drafts.base import Proposal
+from specdraft_eval.drafts.base import NoFeedback, Proposal
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.sampling import Sampler
 
@@ -15,7 +15,23 @@ DRAFT_VOCAB_FILE = "draft_vocab.json"
 """In a draft directory: the token ids its reduced output head covers (``zoo prune --vocab-top K``)."""
 
 
-class ModelDrafter:
+def choose(logits: torch.Tensor, sampler: Sampler, ids: torch.Tensor | None,
+           vocab_size: int) -> tuple[int, torch.Tensor | None]:
+    """The drafted token id and, when sampling, its distribution over the target's ``vocab_size`` tokens;
+    ``logits`` over the reduced head's token ``ids`` when given (zero probability elsewhere)."""
+    if not sampler.do_sample:
+        index = int(logits.argmax())
+        return (int(ids[index]) if ids is not None else index), None
+    probs = sampler.probs(logits[None])[0]
+    index = int(sampler.sample(probs[None]))
+    if ids is None:
+        return index, probs
+    full = torch.zeros(vocab_size, dtype=probs.dtype, device=probs.device)
+    full[ids] = probs
+    return int(ids[index]), full
+
+
+class ModelDrafter(NoFeedback):
     """Drafts autoregressively with ``model``; keeps its cache across steps and rolls it back.
 
     ``vocab_size`` is the target's: logits beyond it (padding rows of a larger head) are never drafted.
@@ -47,19 +63,6 @@ class ModelDrafter:
         logits = kv.forward(self.model, tokens, self._cache, 1)[-1]
         return logits if self._ids is not None else logits[: self.vocab_size]
 
-    def _choose(self, logits: torch.Tensor, sampler: Sampler) -> tuple[int, torch.Tensor | None]:
-        """The drafted token id and, when sampling, its distribution over the target's vocabulary."""
-        if not sampler.do_sample:
-            index = int(logits.argmax())
-            return (int(self._ids[index]) if self._ids is not None else index), None
-        probs = sampler.probs(logits[None])[0]
-        index = int(sampler.sample(probs[None]))
-        if self._ids is None:
-            return index, probs
-        full = torch.zeros(self.vocab_size, dtype=probs.dtype, device=probs.device)
-        full[self._ids] = probs
-        return int(self._ids[index]), full
-
     def reset(self, capacity: int | None = None) -> None:
         self._cache = kv.new_cache(self.model.config, capacity)
         self._cached: list[int] = []  # the tokens whose keys/values are in the cache
@@ -84,7 +87,7 @@ class ModelDrafter:
         drafted: list[int] = []
         rows: list[torch.Tensor] = []
         for i in range(num_tokens):
-            token, probs = self._choose(logits, sampler)
+            token, probs = choose(logits, sampler, self._ids, self.vocab_size)
             drafted.append(token)
             if probs is not None:
                 rows.append(probs)

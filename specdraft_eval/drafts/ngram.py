@@ -13,7 +13,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from specdraft_eval.drafts.base import Proposal
+from specdraft_eval.drafts.base import NoFeedback, Proposal
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.sampling import Sampler
 
@@ -49,7 +49,7 @@ def load_continuations(directory: Path, tokenizer) -> list[list[int]]:
     return data["sequences"]
 
 
-class NGramDrafter:
+class NGramDrafter(NoFeedback):
     """Greedy chain over n-gram tables (context of ``min_n`` to ``max_n`` tokens -> most frequent next token)."""
 
     model = None

@@ -7,12 +7,12 @@ accepted more than the most recent one (TAR 1.24 against 1.02 at γ=4).
 
 from __future__ import annotations
 
-from specdraft_eval.drafts.base import Proposal
+from specdraft_eval.drafts.base import NoFeedback, Proposal
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.sampling import Sampler
 
 
-class PromptLookupDrafter:
+class PromptLookupDrafter(NoFeedback):
     """N-gram lookup in the prompt and the text generated so far, longest n-gram first."""
 
     model = None

@@ -1,0 +1,348 @@
+"""``eagle:DIR``: a feature-level draft head (EAGLE, EAGLE-2, EAGLE-3) that reads the target's own hidden states.
+
+One decoder layer as wide as the target drafts from the target's features of the tokens so far and the next
+token's embedding, then from its own predicted features for the rest of the γ tokens; the engine hands it the
+target's hidden states of every position the target keeps (:meth:`EagleDrafter.observe`), so no second target
+pass is needed. Layouts read (all ``config.json`` + ``model.safetensors`` or ``pytorch_model.bin``):
+
+- **EAGLE / EAGLE-2** (the EAGLE repository; also what ``zoo train-head`` writes, with ``eagle.json`` beside it):
+  ``fc`` over [embedding ‖ feature] (2H -> H), ``layers.0`` a Llama decoder layer whose input norm is skipped,
+  no final norm, the target's own output head (ours: the rows of its reduced vocabulary, ``token_ids``). The
+  feature is the target's last hidden state after its final norm.
+- **EAGLE-3** (vLLM ``speculators``: ``speculators_model_type: eagle3``, or the EAGLE repository's ``midlayer``
+  keys): ``fc`` over three of the target's layer inputs (3H -> H; layers 2, L/2, L-3 unless
+  ``eagle_aux_hidden_state_layer_ids`` says otherwise), a decoder layer over [norm(embedding) ‖ norm(hidden)] (2H
+  attention input), a final ``norm`` and its own ``lm_head`` over a draft vocabulary mapped to the target's by
+  ``d2t`` (target id = draft id + d2t[draft id]).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import LlamaConfig
+from transformers.masking_utils import create_causal_mask
+from transformers.models.llama.modeling_llama import (LlamaAttention, LlamaDecoderLayer, LlamaMLP, LlamaRMSNorm,
+                                                      LlamaRotaryEmbedding)
+
+from specdraft_eval import kv
+from specdraft_eval.drafts.base import FINAL, Proposal
+from specdraft_eval.drafts.model import choose
+from specdraft_eval.errors import SpecdecError
+from specdraft_eval.sampling import Sampler
+
+EAGLE, EAGLE3 = "eagle", "eagle3"
+HEAD_FILE = "eagle.json"
+"""Beside the weights of a head ``zoo train-head`` built: its format, target, taps and reduced vocabulary."""
+HEAD_FORMAT = "specdraft-eagle/1"
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
+@dataclass
+class HeadLayout:
+    """What a head reads and how it is built: ``variant`` (:data:`EAGLE` or :data:`EAGLE3`), the target's hidden
+    states it reads (``taps``), its decoder layer's config, and its output vocabulary as target ids (``token_ids``:
+    None for the target's whole vocabulary)."""
+
+    variant: str
+    taps: tuple[int, ...]
+    config: LlamaConfig
+    token_ids: list[int] | None = None
+    norm_before_residual: bool = False
+    meta: dict = field(default_factory=dict)
+
+
+class Eagle3Layer(nn.Module):
+    """EAGLE-3's decoder layer (``speculators``' ``Eagle3DecoderLayer``): attention over [norm(embedding) ‖
+    norm(hidden)] (2H wide), the hidden part as the residual."""
+
+    def __init__(self, config: LlamaConfig, norm_before_residual: bool) -> None:
+        super().__init__()
+        hidden, eps = config.hidden_size, config.rms_norm_eps
+        self.hidden_size, self.norm_before_residual = hidden, norm_before_residual
+        self.input_layernorm, self.hidden_norm = LlamaRMSNorm(hidden, eps), LlamaRMSNorm(hidden, eps)
+        self.post_attention_layernorm = LlamaRMSNorm(hidden, eps)
+        self.self_attn = LlamaAttention(config, layer_idx=0)
+        for name in ("q_proj", "k_proj", "v_proj"):
+            proj = getattr(self.self_attn, name)
+            setattr(self.self_attn, name, nn.Linear(2 * hidden, proj.out_features, bias=proj.bias is not None))
+        self.mlp = LlamaMLP(config)
+
+    def forward(self, x: torch.Tensor, **attention) -> torch.Tensor:
+        embeds, hidden = x[..., : self.hidden_size], x[..., self.hidden_size:]  # [B, T, H] each
+        if self.norm_before_residual:
+            hidden = residual = self.hidden_norm(hidden)
+        else:
+            residual, hidden = hidden, self.hidden_norm(hidden)
+        out, _ = self.self_attn(hidden_states=torch.cat([self.input_layernorm(embeds), hidden], dim=-1), **attention)
+        h = residual + out
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class EagleHead(nn.Module):
+    """The head's weights under the published key names (``fc``, ``layers.0``, ``norm``, ``lm_head``, ``d2t``).
+
+    :meth:`forward` maps (embeddings of tokens t+1, features of positions t) to the head's hidden states, which
+    predict the target's features at t+1; :meth:`logits` reads them with the output head."""
+
+    def __init__(self, layout: HeadLayout, target_hidden: int, fc_bias: bool) -> None:
+        super().__init__()
+        config, hidden = layout.config, layout.config.hidden_size
+        self.variant, self.taps, self.config = layout.variant, layout.taps, config
+        if layout.variant == EAGLE:
+            self.fc = nn.Linear(2 * hidden, hidden, bias=fc_bias)
+            layer = LlamaDecoderLayer(config, layer_idx=0)
+            layer.input_layernorm = nn.Identity()  # EAGLE skips its first layer's input norm
+            self.norm: nn.Module = nn.Identity()
+            self.lm_head: nn.Linear | None = None  # the target's (rows of token_ids), set by the drafter
+        else:
+            self.fc = nn.Linear(len(layout.taps) * target_hidden, hidden, bias=fc_bias)
+            layer = Eagle3Layer(config, layout.norm_before_residual)
+            self.norm = LlamaRMSNorm(hidden, config.rms_norm_eps)
+            self.lm_head = nn.Linear(hidden, len(layout.token_ids or []) or config.vocab_size, bias=False)
+        self.layers = nn.ModuleList([layer])
+        self.rotary_emb = LlamaRotaryEmbedding(config)
+
+    def forward(self, embeds: torch.Tensor, features: torch.Tensor, cache, position_ids: torch.Tensor,
+                own: bool = False) -> torch.Tensor:
+        """``embeds`` [B, T, H] of tokens t+1, ``features`` [B, T, F] of positions t (the target's, or with ``own``
+        the head's previous hidden states) -> the head's hidden states [B, T, H] (before its final norm)."""
+        if self.variant == EAGLE:
+            x = self.fc(torch.cat([embeds, features], dim=-1))  # [B, T, H]
+        else:
+            x = torch.cat([embeds, features if own else self.fc(features)], dim=-1)  # [B, T, 2H]
+        mask = create_causal_mask(config=self.config, inputs_embeds=x, attention_mask=None, cache=cache,
+                                  position_ids=position_ids)
+        return self.layers[0](x, attention_mask=mask, position_ids=position_ids, cache=cache,
+                              use_cache=cache is not None, position_embeddings=self.rotary_emb(x, position_ids))
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[..., H] -> [..., head vocabulary]."""
+        return self.lm_head(self.norm(hidden))
+
+
+class EagleDrafter:
+    """Drafts with an :class:`EagleHead`. State per row: the target's features not yet fed to the head and the
+    head's KV cache over (feature t, token t+1) pairs, kept for the target's features and rolled back for its own."""
+
+    def __init__(self, head: EagleHead, target, name: str, token_ids: list[int] | None) -> None:
+        self.model, self.name, self.taps = head, name, head.taps
+        self.vocab_size = target.config.vocab_size
+        self._embed = target.get_input_embeddings()
+        self._ids = torch.tensor(token_ids, dtype=torch.long, device=target.device) if token_ids else None
+        if head.lm_head is None:  # EAGLE reads with the target's output head (its rows of token_ids)
+            full = target.get_output_embeddings()
+            head.lm_head = nn.Linear(full.in_features, len(token_ids) if token_ids else full.out_features,
+                                     bias=False).to(full.weight.device, full.weight.dtype)
+            weight = full.weight.detach()
+            head.lm_head.weight = nn.Parameter(weight[self._ids] if self._ids is not None else weight,
+                                               requires_grad=False)
+        self.reset()
+
+    def reset(self, capacity: int | None = None) -> None:
+        self._cache = kv.new_cache(self.model.config, capacity)
+        self._pending: list[torch.Tensor] = []  # the target's features not yet fed to the head
+        self._seen = 0  # positions whose target features have arrived
+        self._fed = 0  # (feature, next token) pairs in the head's cache computed from the target's features
+
+    def fork(self) -> EagleDrafter:
+        twin = copy.copy(self)
+        twin.reset()
+        return twin
+
+    def observe(self, features: torch.Tensor) -> None:
+        if len(features):
+            self._pending.append(features)
+            self._seen += len(features)
+
+    def propose(self, tokens: list[int], num_tokens: int, sampler: Sampler) -> Proposal:
+        if self._seen != len(tokens) - 1:
+            raise SpecdecError(f"draft {self.name}: has the target's features of {self._seen} positions for "
+                               f"{len(tokens)} tokens; an EAGLE head needs an engine that calls observe(): a bug")
+        if self._seen == 0 or num_tokens < 1:
+            return Proposal([])
+        head, device = self.model, self._embed.weight.device
+        kv.rollback(self._cache, self._fed)
+        if self._pending:
+            features = torch.cat(self._pending)[None]  # [1, new, F]
+            ids = torch.tensor([tokens[self._fed + 1:]], device=device)  # the token after each position
+            positions = torch.arange(self._fed, self._seen, device=device)[None]
+            hidden = head(self._embed(ids), features.to(self._embed.weight.dtype), self._cache, positions)[:, -1:]
+            self._pending, self._fed = [], self._seen
+            self._last = hidden  # [1, 1, H]: the head's prediction of the last token's features
+        hidden = self._last
+        drafted: list[int] = []
+        rows: list[torch.Tensor] = []
+        for i in range(num_tokens):
+            token, probs = choose(head.logits(hidden[0, -1]).float(), sampler, self._ids, self.vocab_size)
+            drafted.append(token)
+            if probs is not None:
+                rows.append(probs)
+            if i + 1 < num_tokens:
+                position = torch.tensor([[self._seen + i]], device=device)
+                hidden = head(self._embed(torch.tensor([[token]], device=device)), hidden, self._cache, position,
+                              own=True)
+        return Proposal(drafted, torch.stack(rows) if rows else None)
+
+
+def _directory(arg: str) -> Path:
+    """A local head directory, or a hub id's snapshot (downloaded, or from the HF cache when offline)."""
+    path = Path(os.path.expanduser(arg))
+    if path.is_dir():
+        return path
+    if arg.count("/") != 1 or arg.startswith((".", "/", "~")):
+        raise SpecdecError(f"EAGLE head {arg!r} not found: give a directory (e.g. one `zoo train-head` wrote) or a "
+                           "hub id org/name")
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(arg, allow_patterns=["*.json", *WEIGHT_FILES]))
+    except LocalEntryNotFoundError:
+        raise SpecdecError(f"EAGLE head {arg} is not in the Hugging Face cache and the hub is offline: run "
+                           f"`zoo pull {arg}` where the hub is reachable, or unset HF_HUB_OFFLINE") from None
+    except (HfHubHTTPError, OSError) as exc:
+        raise SpecdecError(f"cannot download EAGLE head {arg}: {str(exc).splitlines()[0]}; check the id") from None
+
+
+def _weights(directory: Path) -> dict[str, torch.Tensor]:
+    for name in WEIGHT_FILES:
+        path = directory / name
+        if path.is_file():
+            try:
+                if name.endswith(".safetensors"):
+                    from safetensors.torch import load_file
+
+                    return load_file(str(path))
+                return torch.load(path, map_location="cpu", weights_only=True)
+            except Exception as exc:  # noqa: BLE001 - any unreadable file is the same user error
+                raise SpecdecError(f"EAGLE head {directory}: cannot read {name} ({exc}); download it again") from None
+    raise SpecdecError(f"EAGLE head {directory} has no weights ({' or '.join(WEIGHT_FILES)}): point at a head "
+                       "directory")
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise SpecdecError(f"cannot read {path} ({exc}): point at an EAGLE head directory") from None
+    if not isinstance(data, dict):
+        raise SpecdecError(f"{path} is not a JSON object: point at an EAGLE head directory")
+    return data
+
+
+def variant_of(config: dict, keys=()) -> str:
+    """:data:`EAGLE3` for a speculators eagle3 config or the EAGLE repository's EAGLE-3 (a draft vocabulary, or
+    ``midlayer`` keys), else :data:`EAGLE`; other speculators types are errors."""
+    kind = config.get("speculators_model_type")
+    if kind is not None and kind != EAGLE3:
+        raise SpecdecError(f"speculators_model_type {kind!r} is not supported (only eagle3): use an EAGLE-3 head or "
+                           "a head in the EAGLE repository's layout")
+    if kind == EAGLE3 or "draft_vocab_size" in config or any(k.startswith("midlayer.") for k in keys):
+        return EAGLE3
+    return EAGLE
+
+
+def method_of(arg: str) -> str:
+    """vLLM's ``method`` for the head ``eagle:ARG`` (``eagle`` or ``eagle3``), from its config alone."""
+    return variant_of(_read_json(_directory(arg) / "config.json"))
+
+
+def read_layout(directory: Path, weights: dict[str, torch.Tensor], target) -> HeadLayout:
+    """The head's layout from its config (and, for the EAGLE repository's EAGLE-3, its key names)."""
+    config_path = directory / "config.json"
+    if not config_path.is_file():
+        raise SpecdecError(f"EAGLE head {directory} has no config.json: point at a head directory")
+    config = _read_json(config_path)
+    depth = target.config.num_hidden_layers
+    try:
+        variant = variant_of(config, weights)
+    except SpecdecError as exc:
+        raise SpecdecError(f"EAGLE head {directory}: {exc}") from None
+    if variant == EAGLE3:
+        layer_config = config.get("transformer_layer_config", config)
+        taps = config.get("eagle_aux_hidden_state_layer_ids") or layer_config.get("eagle_aux_hidden_state_layer_ids")
+        taps = tuple(taps) if taps else (2, depth // 2, depth - 3)
+        if any(not 0 <= t < depth for t in taps):
+            raise SpecdecError(f"EAGLE head {directory} reads layers {list(taps)}, but the target has {depth} layers: "
+                               "use a head trained for this target")
+        d2t = weights.get("d2t")
+        token_ids = (torch.arange(len(d2t)) + d2t).tolist() if d2t is not None else None
+        return HeadLayout(EAGLE3, taps, _llama_config(layer_config, 1), token_ids,
+                          bool(config.get("norm_before_residual", False)))
+    meta = _read_json(directory / HEAD_FILE) if (directory / HEAD_FILE).is_file() else {}
+    if meta and meta.get("format") != HEAD_FORMAT:
+        raise SpecdecError(f"{directory / HEAD_FILE} has format {meta.get('format')!r}, not {HEAD_FORMAT}: "
+                           "rebuild the head with zoo train-head")
+    return HeadLayout(EAGLE, (FINAL,), _llama_config(config, 1), meta.get("token_ids"), meta=meta)
+
+
+def _llama_config(values: dict, layers: int) -> LlamaConfig:
+    known = {k: v for k, v in values.items() if not k.startswith(("architectures", "auto_map", "speculators"))}
+    config = LlamaConfig(**{**known, "num_hidden_layers": layers})
+    config._attn_implementation = "sdpa"
+    return config
+
+
+def _rename(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Published key names -> :class:`EagleHead`'s (the EAGLE repository's EAGLE-3 ``midlayer`` is layer 0)."""
+    out = {}
+    for key, value in weights.items():
+        key = key.removeprefix("model.")
+        out["layers.0." + key.removeprefix("midlayer.") if key.startswith("midlayer.") else key] = value
+    return out
+
+
+def load_head(directory: Path, target, tokenizer=None) -> tuple[EagleHead, HeadLayout]:
+    """Read a head in any supported layout and check it against ``target`` (and the tokenizer our own heads were
+    trained with); one-line errors name what is missing. The embedding is always the target's."""
+    weights = _weights(directory)
+    layout = read_layout(directory, weights, target)
+    meta_vocab = layout.meta.get("vocab")
+    if meta_vocab:
+        from specdraft_eval.drafts.ngram import vocab_fingerprint
+
+        if tokenizer is not None and vocab_fingerprint(tokenizer) != meta_vocab:
+            raise SpecdecError(f"EAGLE head {directory} was trained for another tokenizer: train one for this "
+                               "target with zoo train-head")
+    if "fc.weight" not in weights:
+        raise SpecdecError(f"EAGLE head {directory} lacks fc.weight: not an EAGLE or EAGLE-3 head")
+    target_hidden = target.config.hidden_size
+    hidden = layout.config.hidden_size
+    if layout.variant == EAGLE and hidden != target_hidden:
+        raise SpecdecError(f"EAGLE head {directory} is {hidden} wide, the target {target_hidden}: use a head trained "
+                           "for this target")
+    head = EagleHead(layout, target_hidden, fc_bias="fc.bias" in weights)
+    state = _rename(weights)
+    expected = set(head.state_dict()) - {k for k in head.state_dict() if k.startswith("rotary_emb.")}
+    missing = sorted(expected - set(state))
+    if missing:
+        raise SpecdecError(f"EAGLE head {directory} lacks {', '.join(missing[:3])}"
+                           f"{' and more' if len(missing) > 3 else ''}: not a {layout.variant} head of a supported "
+                           "layout (EAGLE repository, speculators eagle3)")
+    try:
+        head.load_state_dict({k: v for k, v in state.items() if k in expected}, strict=False)
+    except RuntimeError as exc:
+        line = next((ln.strip() for ln in str(exc).splitlines() if "size mismatch" in ln), str(exc).splitlines()[0])
+        raise SpecdecError(f"EAGLE head {directory} does not fit this target ({line}): use a head trained for it")
+    if layout.token_ids is not None and (min(layout.token_ids) < 0 or max(layout.token_ids) >= target.config.vocab_size):
+        raise SpecdecError(f"EAGLE head {directory}: its vocabulary maps outside the target's "
+                           f"{target.config.vocab_size} tokens; use a head trained for this target")
+    return head.to(target.device, target.dtype).eval().requires_grad_(False), layout
+
+
+def build(arg: str | None, target, tokenizer) -> EagleDrafter:
+    """Entry point for ``eagle:DIR`` (a directory or a hub id)."""
+    if not arg:
+        raise SpecdecError("eagle needs a head: e.g. draft=eagle:DIR (built by `zoo train-head TARGET --out DIR`)")
+    head, layout = load_head(_directory(arg), target, tokenizer)
+    return EagleDrafter(head, target, f"eagle:{arg}", layout.token_ids)
+
+
+build.path_marker = HEAD_FILE

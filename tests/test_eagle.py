@@ -1,0 +1,264 @@
+"""EAGLE-style heads: lossless in every layout we load (greedy identity, batches, static caches, composites), the
+published layouts read from tiny checkpoints built here, one-line errors, and `zoo train-head` learning."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import run_cli, save_tiny, tiny_llama
+
+from specdraft_eval import autoregressive_generate, speculative_generate, speculative_generate_batch
+from specdraft_eval.drafts import load_draft
+from specdraft_eval.drafts.base import FINAL
+from specdraft_eval.drafts.eagle import EAGLE3, EagleHead, HeadLayout, build
+from specdraft_eval.errors import SpecdecError
+from specdraft_eval.serving import speculative_config
+from specdraft_eval.targets import LoadSettings
+from zoo.train_head import HeadTraining, head_config, new_head, save_head, train_head
+
+PROMPTS = [[1], [3, 4, 5, 6], list(range(2, 40)), [7, 7, 7, 9, 7, 7]]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(seed=0, layers=6)
+
+
+def eagle_dir(tmp: Path, target, token_ids=None) -> Path:
+    """Our own layout, as `zoo train-head` writes it (an untrained head)."""
+    path = tmp / ("head-reduced" if token_ids else "head")
+    path.mkdir()
+    save_head(path, new_head(target, token_ids, seed=3), {"target": "tiny", "token_ids": token_ids})
+    return path
+
+
+def eagle_repo_dir(tmp: Path, target) -> Path:
+    """The EAGLE repository's layout: config.json + pytorch_model.bin (fc with bias, layers.0 with the input norm
+    EAGLE skips, the embedding), no eagle.json."""
+    path = tmp / "eagle-repo"
+    path.mkdir()
+    head = new_head(target, seed=4)
+    state = {k: v for k, v in head.state_dict().items() if not k.startswith(("lm_head.", "rotary_emb."))}
+    state["layers.0.input_layernorm.weight"] = torch.ones(target.config.hidden_size)
+    state["embed_tokens.weight"] = target.get_input_embeddings().weight.detach().clone()
+    torch.save(state, path / "pytorch_model.bin")
+    config = head_config(target).to_dict()
+    (path / "config.json").write_text(json.dumps({**config, "architectures": ["LlamaForCausalLM"], "bias": True},
+                                                 default=str))
+    return path
+
+
+def eagle3_dir(tmp: Path, target, midlayer: bool = False) -> Path:
+    """vLLM speculators' EAGLE-3 layout (or, with ``midlayer``, the EAGLE repository's): fc over three layers'
+    states, a 2H-input decoder layer, norm, a draft-vocabulary lm_head and d2t/t2d."""
+    path = tmp / ("eagle3-midlayer" if midlayer else "eagle3")
+    path.mkdir()
+    torch.manual_seed(5)
+    draft_ids = [0, 1, 2, 5, 8, 13, 21, 34, 40, 50, 63]
+    layout = HeadLayout(EAGLE3, (1, 3, 4), head_config(target), draft_ids)
+    head = EagleHead(layout, target.config.hidden_size, fc_bias=False)
+    state = {k: v for k, v in head.state_dict().items() if not k.startswith("rotary_emb.")}
+    if midlayer:
+        state = {k.replace("layers.0.", "midlayer."): v for k, v in state.items()}
+    d2t = torch.tensor(draft_ids) - torch.arange(len(draft_ids))
+    t2d = torch.zeros(target.config.vocab_size, dtype=torch.bool)
+    t2d[draft_ids] = True
+    from safetensors.torch import save_file
+
+    save_file({**state, "d2t": d2t, "t2d": t2d}, str(path / "model.safetensors"))
+    layer = {**head_config(target).to_dict(), "model_type": "llama"}
+    config = ({**layer, "draft_vocab_size": len(draft_ids), "eagle_aux_hidden_state_layer_ids": [1, 3, 4]} if midlayer
+              else {"speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"],
+                    "transformer_layer_config": layer, "draft_vocab_size": len(draft_ids),
+                    "norm_before_residual": True, "eagle_aux_hidden_state_layer_ids": [1, 3, 4],
+                    "speculators_config": {"algorithm": "eagle3", "verifier": {"name_or_path": "tiny"}}})
+    (path / "config.json").write_text(json.dumps(config, default=str))
+    return path
+
+
+LAYOUTS = {
+    "ours": lambda tmp, t: eagle_dir(tmp, t),
+    "ours-reduced": lambda tmp, t: eagle_dir(tmp, t, list(range(0, 64, 3))),
+    "eagle-repo": eagle_repo_dir,
+    "eagle3-speculators": eagle3_dir,
+    "eagle3-midlayer": lambda tmp, t: eagle3_dir(tmp, t, midlayer=True),
+}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_greedy_identity_in_every_layout(tmp_path, target, layout):
+    draft = build(str(LAYOUTS[layout](tmp_path, target)), target, None)
+    for prompt in PROMPTS:
+        baseline, _ = autoregressive_generate(target, prompt, 40)
+        for gamma, static in ((1, False), (4, False), (3, True)):
+            out, stats = speculative_generate(target, draft, prompt, 40, num_draft_tokens=gamma, static_cache=static)
+            assert out == baseline, (layout, prompt, gamma, static)
+            assert stats.draft_tokens > 0 or len(prompt) == 1 and len(baseline) <= 1
+    outputs, stats = speculative_generate_batch(target, draft, PROMPTS, 30, num_draft_tokens=3)
+    assert outputs == [autoregressive_generate(target, p, 30)[0] for p in PROMPTS]
+    assert stats.draft_tokens > 0
+
+
+def test_the_head_reads_the_targets_features(tmp_path, target):
+    """The drafter sees exactly the target's final hidden state at every position it kept, from prefill and from
+    each verification (a recording head in place of the real one)."""
+    draft = build(str(eagle_dir(tmp_path, target)), target, None)
+    seen: list[torch.Tensor] = []
+    observe = draft.observe
+    draft.observe = lambda features: (seen.append(features.clone()), observe(features))
+    prompt = list(range(2, 12))
+    out, _ = speculative_generate(target, draft, prompt, 12, num_draft_tokens=2)
+    features = torch.cat(seen)
+    with torch.inference_mode():
+        reference = target(torch.tensor([prompt + out]), output_hidden_states=True).hidden_states[-1][0]
+    assert features.shape[0] == len(prompt) + len(out) - 1
+    torch.testing.assert_close(features, reference[: features.shape[0]], rtol=1e-4, atol=1e-4)
+
+
+def test_composite_with_a_head_is_lossless_and_the_head_keeps_up(tmp_path, target):
+    """`prompt-lookup|eagle:DIR`: the head observes every step, also those prompt lookup drafted."""
+    head = eagle_dir(tmp_path, target)
+    draft = load_draft(f"prompt-lookup|eagle:{head}", target, None)
+    assert draft.taps == (FINAL,)
+    for prompt in PROMPTS:
+        out, _ = speculative_generate(target, draft, prompt, 40, num_draft_tokens=3)
+        assert out == autoregressive_generate(target, prompt, 40)[0]
+    assert all(draft.used), draft.used  # both parts drafted some steps
+
+
+def test_our_head_directory_parses_as_its_kind(tmp_path, target):
+    head = eagle_dir(tmp_path, target)
+    assert load_draft(str(head), target, None).name == f"eagle:{head}"
+
+
+def test_vllm_mapping(tmp_path, target):
+    head, head3 = eagle_dir(tmp_path, target), eagle3_dir(tmp_path, target)
+    assert speculative_config(f"eagle:{head}", 4) == {"method": "eagle", "model": str(head),
+                                                       "num_speculative_tokens": 4}
+    assert speculative_config(f"eagle:{head3}", 3)["method"] == "eagle3"
+
+
+def _corrupt(tmp: Path, target, what: str) -> Path:
+    path = eagle_dir(tmp, target)
+    if what == "no weights":
+        (path / "model.safetensors").unlink()
+    elif what == "no config":
+        (path / "config.json").unlink()
+    elif what == "speculators eagle":
+        (path / "config.json").write_text(json.dumps({"speculators_model_type": "eagle"}))
+    elif what == "no fc":
+        from safetensors.torch import load_file, save_file
+
+        state = load_file(str(path / "model.safetensors"))
+        save_file({k: v for k, v in state.items() if not k.startswith("fc.")}, str(path / "model.safetensors"))
+    elif what == "wrong width":
+        other = tiny_llama(seed=1, layers=6, hidden=48)
+        (path / "model.safetensors").unlink()
+        save_head(path, new_head(other), {"target": "other"})
+    elif what == "format":
+        (path / "eagle.json").write_text(json.dumps({"format": "specdraft-eagle/9"}))
+    return path
+
+
+@pytest.mark.parametrize("what, message", [
+    ("no weights", "has no weights"),
+    ("no config", "has no config.json"),
+    ("speculators eagle", "is not supported (only eagle3)"),
+    ("no fc", "lacks fc.weight"),
+    ("wrong width", "use a head trained for this target"),
+    ("format", "rebuild the head with zoo train-head"),
+])
+def test_bad_heads_get_one_line_errors(tmp_path, target, what, message):
+    with pytest.raises(SpecdecError, match=re.escape(message)) as error:
+        build(str(_corrupt(tmp_path, target, what)), target, None)
+    assert "\n" not in str(error.value)
+
+
+def test_heads_for_another_target_or_tokenizer_are_refused(tmp_path, target):
+    head3 = eagle3_dir(tmp_path, target)
+    shallow = tiny_llama(seed=0, layers=3)
+    with pytest.raises(SpecdecError, match=r"reads layers \[1, 3, 4\], but the target has 3 layers"):
+        build(str(head3), shallow, None)
+    head = eagle_dir(tmp_path, target)
+    meta = json.loads((head / "eagle.json").read_text())
+    (head / "eagle.json").write_text(json.dumps({**meta, "vocab": "0000000000000000"}))
+    from conftest import word_tokenizer
+
+    with pytest.raises(SpecdecError, match="trained for another tokenizer"):
+        build(str(head), target, word_tokenizer(["<unk>", "</s>", *[f"w{i}" for i in range(62)]]))
+    with pytest.raises(SpecdecError, match="eagle needs a head"):
+        build(None, target, None)
+
+
+def test_hub_head_offline_and_uncached_says_how(monkeypatch, tmp_path, target):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    import huggingface_hub.constants as constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(SpecdecError, match="not in the Hugging Face cache and the hub is offline"):
+        build("nobody/EAGLE-nothing", target, None)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return save_tiny(tmp_path_factory.mktemp("tiny") / "model", layers=6)
+
+
+def _prompts(tmp: Path) -> Path:
+    import random
+
+    rng = random.Random(0)
+    path = tmp / "prompts.txt"
+    path.write_text("\n\n".join(" ".join(f"w{rng.randrange(62)}" for _ in range(rng.randrange(8, 30)))
+                                for _ in range(40)))
+    return path
+
+
+SMALL = dict(new_tokens=40, context=64, vocab_top=0, batch_size=8, window=32, lr=3e-3)
+
+
+def test_train_head_learns_and_resumes(tmp_path, tiny_dir):
+    """Training raises the head's agreement with the target well above an untrained head's; an interrupted run
+    keeps a checkpoint and the same call resumes from it; the result loads and stays lossless."""
+    settings = HeadTraining(str(_prompts(tmp_path)), steps=300, **SMALL)
+    out = tmp_path / "head"
+    calls = {"n": 0}
+
+    def interrupt_at_step_50(advance=1, total=None):
+        calls["n"] += advance
+        if calls["n"] >= 40 + 50:  # 40 prompts continued, then 50 steps
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train_head(str(tiny_dir), out, settings, tick=interrupt_at_step_50)
+    work = tmp_path / ".head.train"
+    assert torch.load(work / "checkpoint.pt", weights_only=False)["step"] == 50 and not out.exists()
+    lines: list[str] = []
+    result = train_head(str(tiny_dir), out, settings, log=lines.append)
+    assert "resuming at step 50" in lines and not work.exists()
+    untrained = HeadTraining(str(_prompts(tmp_path)), steps=1, **{**SMALL, "lr": 0.0})
+    baseline = train_head(str(tiny_dir), tmp_path / "untrained", untrained)["top1_agreement_by_step"]
+    trained = result["top1_agreement_by_step"]
+    assert trained[0] > baseline[0] + 0.2 and trained[1] > baseline[1] + 0.1, (trained, baseline)
+    target, tokenizer = LoadSettings().load(str(tiny_dir))
+    draft = load_draft(f"eagle:{out}", target, tokenizer)
+    for prompt in PROMPTS[1:]:
+        spec, stats = speculative_generate(target, draft, prompt, 30, num_draft_tokens=4)
+        assert spec == autoregressive_generate(target, prompt, 30)[0]
+
+
+def test_train_head_cli(tmp_path, tiny_dir):
+    out = tmp_path / "cli-head"
+    done = run_cli("zoo", "train-head", str(tiny_dir), "--out", str(out), "--prompts", str(_prompts(tmp_path)),
+                   "--steps", "5", "--new-tokens", "16", "--vocab-top", "32", "--json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout)["draft"] == f"eagle:{out}"
+    assert len(json.loads((out / "eagle.json").read_text())["token_ids"]) == 32
+    again = run_cli("zoo", "train-head", str(tiny_dir), "--out", str(out))
+    assert again.returncode != 0 and again.stderr.strip().splitlines()[-1].startswith("zoo: error: output directory")

@@ -1,0 +1,302 @@
+"""``zoo train-head``: an EAGLE-style head for a target, trained on the target's own text and hidden states.
+
+1. Data: the target continues held-in prompts greedily (``zoo ngram``'s prompts and generation: never the
+   documents the leaderboard measures); one teacher-forced pass over each prompt's tail plus its continuation
+   gives the target's last hidden state (after its final norm) at every position, and its next-token
+   distribution follows from them through its own output head.
+2. Vocabulary: the ``vocab_top`` tokens the target emits most often in that text (a reduced output head, its
+   rows shared with the target's head, keeps the draft's cost per token low).
+3. Training, as EAGLE: the head maps (feature t, embedding of token t+1) to feature t+1; loss = smooth-L1 on
+   the feature + ``cls_weight`` x cross-entropy against the target's distribution (over the head's vocabulary),
+   with uniform noise on input features, and a second unrolled step on the head's own predicted features (what
+   it drafts from after its first token).
+
+State lives in a work folder beside ``out`` (``.OUT.train``: the data, checkpoints every few minutes); the same
+command resumes from it; ``out`` is written atomically at the end and the work folder removed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from transformers import LlamaConfig
+
+from specdraft_eval.drafts.base import FINAL
+from specdraft_eval.drafts.eagle import EAGLE, HEAD_FILE, HEAD_FORMAT, EagleHead, HeadLayout
+from specdraft_eval.drafts.ngram import vocab_fingerprint
+from specdraft_eval.errors import SpecdecError
+from specdraft_eval.files import atomic_output, write_json
+from specdraft_eval.taps import FeatureTap
+from specdraft_eval.targets import LoadSettings
+from zoo.ngram import continuations, ngram_prompts
+from zoo.prune import check_out
+from zoo.progress import Tick, no_progress
+
+
+@dataclass(frozen=True)
+class HeadTraining:
+    """``zoo train-head``'s settings (all recorded in the head's ``eagle.json``)."""
+
+    prompts: str | None = None  # zoo ngram's: the default held-in split, a bundled task's, or a file
+    max_prompts: int | None = None
+    new_tokens: int = 192  # of greedy continuation per prompt
+    context: int = 384  # prompt tokens kept before each continuation
+    vocab_top: int = 8192  # the head's output vocabulary (0: the target's whole vocabulary)
+    steps: int = 1200
+    batch_size: int = 8
+    window: int = 192  # tokens per training sequence
+    lr: float = 2e-3
+    cls_weight: float = 0.5
+    noise: float = 0.1  # uniform noise on input features, as EAGLE
+    unroll: int = 2  # steps trained in a row, the later ones on the head's own features
+    seed: int = 0
+
+    def check(self) -> None:
+        for name in ("new_tokens", "context", "steps", "batch_size", "window", "unroll"):
+            if getattr(self, name) < 1:
+                raise SpecdecError(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(self, name)})")
+        if self.vocab_top < 0:
+            raise SpecdecError(f"--vocab-top must be >= 0 (got {self.vocab_top}); 0 keeps the whole vocabulary")
+        if self.window <= self.unroll:
+            raise SpecdecError(f"--window {self.window} must exceed --unroll {self.unroll}")
+        if not 0 <= self.lr < 1:
+            raise SpecdecError(f"--lr {self.lr} must lie in [0, 1)")
+
+
+def head_config(target) -> LlamaConfig:
+    """One Llama decoder layer of the target's own shape."""
+    values = {k: v for k, v in target.config.to_dict().items() if k not in ("architectures", "layer_types")}
+    config = LlamaConfig(**{**values, "num_hidden_layers": 1, "tie_word_embeddings": False})
+    config._attn_implementation = "sdpa"
+    return config
+
+
+def new_head(target, token_ids: list[int] | None = None, seed: int = 0) -> EagleHead:
+    """A freshly initialised EAGLE head for ``target`` (reading its final hidden state; ``token_ids``: its output
+    vocabulary, default the target's whole one), with the target's output head rows attached."""
+    torch.manual_seed(seed)
+    head = EagleHead(HeadLayout(EAGLE, (FINAL,), head_config(target), token_ids), target.config.hidden_size, True)
+    full = target.get_output_embeddings().weight.detach()
+    rows = full[torch.tensor(token_ids)] if token_ids else full
+    head.lm_head = torch.nn.Linear(rows.shape[1], rows.shape[0], bias=False)
+    head.lm_head.weight = torch.nn.Parameter(rows.clone(), requires_grad=False)
+    return head.to(target.device, target.dtype)
+
+
+def save_head(directory: Path, head: EagleHead, meta: dict) -> None:
+    """The EAGLE repository's layout (``config.json``, ``model.safetensors``: fc, layers.0) plus ``eagle.json``
+    (format, tokenizer fingerprint, output vocabulary, how it was trained)."""
+    from safetensors.torch import save_file
+
+    state = {k: v.detach().contiguous().cpu() for k, v in head.state_dict().items()
+             if not k.startswith(("lm_head.", "rotary_emb."))}
+    save_file(state, str(directory / "model.safetensors"))
+    config = head.config.to_dict()
+    config.update(architectures=["LlamaForCausalLM"], bias=head.fc.bias is not None)
+    (directory / "config.json").write_text(json.dumps(config, indent=1, default=str))
+    write_json(directory / HEAD_FILE, {"format": HEAD_FORMAT, **meta})
+
+
+@torch.inference_mode()
+def features_of(target, sequences: list[list[int]]) -> list[torch.Tensor]:
+    """The target's final hidden state at every position of each sequence (one teacher-forced pass each)."""
+    tap = FeatureTap(target, (FINAL,))
+    try:
+        out = []
+        for tokens in sequences:
+            target(input_ids=torch.tensor([tokens], device=target.device), logits_to_keep=1)
+            out.append(tap.take()[0].to("cpu", torch.float16))
+        return out
+    finally:
+        tap.close()
+
+
+def top_tokens(sequences: list[list[int]], most: int) -> list[int] | None:
+    """The ``most`` commonest tokens of the text (sorted ids), None for the whole vocabulary."""
+    if most == 0:
+        return None
+    counts = Counter(t for tokens in sequences for t in tokens)
+    return sorted(t for t, _ in counts.most_common(most))
+
+
+def _batch(sequences: list[list[int]], features: list[torch.Tensor], rng: random.Random, settings: HeadTraining):
+    """``batch_size`` random windows of ``window`` tokens (or of the longest sequence's length, when shorter):
+    tokens [B, W] and the target's features [B, W, H]."""
+    width = min(settings.window, max(map(len, sequences)))
+    usable = [i for i, tokens in enumerate(sequences) if len(tokens) >= width]
+    ids, feats = [], []
+    for _ in range(settings.batch_size):
+        i = rng.choice(usable)
+        start = rng.randrange(len(sequences[i]) - width + 1)
+        ids.append(sequences[i][start:start + width])
+        feats.append(features[i][start:start + width])
+    return torch.tensor(ids), torch.stack(feats).float()
+
+
+def head_losses(head: EagleHead, embed: torch.nn.Module, ids: torch.Tensor, feats: torch.Tensor,
+                settings: HeadTraining, noise: bool = True) -> tuple[torch.Tensor, list[float]]:
+    """The training loss over ``settings.unroll`` steps, and each step's top-1 agreement with the target."""
+    width = ids.shape[1]
+    inputs = feats[:, :-1]
+    if noise and settings.noise:
+        inputs = inputs + (torch.rand_like(inputs) * 2 - 1) * settings.noise
+    total, agreement = 0.0, []
+    for step in range(1, settings.unroll + 1):
+        span = width - step  # positions t whose step-ahead target exists
+        positions = torch.arange(span)[None].expand(ids.shape[0], -1)
+        hidden = head(embed(ids[:, step:]), inputs[:, :span], None, positions, own=False)  # [B, span, H]
+        wanted = feats[:, step:]  # [B, span, H]: the target's features at t + step
+        with torch.no_grad():
+            target_logp = F.log_softmax(head.lm_head(wanted), -1)
+        logp = F.log_softmax(head.logits(hidden), -1)
+        cls = -(target_logp.exp() * logp).sum(-1).mean()
+        total = total + F.smooth_l1_loss(hidden, wanted) + settings.cls_weight * cls
+        agreement.append(float((logp.argmax(-1) == target_logp.argmax(-1)).float().mean()))
+        inputs = hidden[:, :-1]  # the next step drafts from the head's own features
+    return total, agreement
+
+
+class _Work:
+    """The work folder beside ``out``: data, checkpoint, settings."""
+
+    def __init__(self, out: Path, settings: HeadTraining, target_name: str) -> None:
+        self.path = out.parent / f".{out.name}.train"
+        self.key = {"target": target_name, **asdict(settings)}
+        if self.path.exists():
+            saved = json.loads((self.path / "settings.json").read_text()) if (self.path / "settings.json").is_file() \
+                else None
+            if saved != self.key:
+                raise SpecdecError(f"{self.path} holds a training run with other settings: rerun with them, or "
+                                   "remove that folder to start over")
+        self.path.mkdir(parents=True, exist_ok=True)
+        write_json(self.path / "settings.json", self.key)
+
+    def load(self, name: str):
+        path = self.path / name
+        return torch.load(path, weights_only=False) if path.is_file() else None
+
+    def save(self, name: str, value) -> None:
+        with atomic_output(self.path / name) as tmp:
+            torch.save(value, tmp)
+
+
+@dataclass
+class _Run:
+    """What a checkpoint holds: the head, its optimizer and the steps done."""
+
+    head: EagleHead
+    optimizer: torch.optim.Optimizer
+    work: _Work
+    step: int = 0
+
+    def checkpoint(self) -> None:
+        self.work.save("checkpoint.pt", {"head": self.head.state_dict(), "optimizer": self.optimizer.state_dict(),
+                                         "step": self.step})
+
+
+def _train(run: _Run, trainable, embed, sequences, features, rng: random.Random, settings: HeadTraining,
+           tick: Tick, log, device) -> None:
+    """Train from ``run.step`` to ``settings.steps``, with a checkpoint every two minutes and at the end."""
+    head, optimizer, step = run.head, run.optimizer, run.step
+    last_save = time.perf_counter()
+    while step < settings.steps:
+        lr = settings.lr * min(1.0, (step + 1) / 50) * 0.5 * (1 + math.cos(math.pi * step / settings.steps))
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        ids, feats = _batch(sequences, features, rng, settings)
+        loss, agreement = head_losses(head, embed, ids.to(device), feats.to(device), settings)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+        optimizer.step()
+        step += 1
+        run.step = step
+        tick(1)
+        if step % 100 == 0:
+            log(f"step {step}: loss {float(loss.detach()):.3f}, top-1 agreement by step {[round(a, 3) for a in agreement]}")
+        if time.perf_counter() - last_save > 120 or step == settings.steps:
+            run.checkpoint()
+            last_save = time.perf_counter()
+
+
+def train_head(model: str, out: Path, settings: HeadTraining = HeadTraining(), load: LoadSettings = LoadSettings(),
+               tick: Tick = no_progress, log=lambda line: None) -> dict:
+    """``zoo train-head``: build (or resume) the data and the head for ``model``, save it at ``out`` atomically;
+    return what was built and measured."""
+    check_out(out)
+    settings.check()
+    target, tokenizer = load.load(model)
+    work = _Work(out, settings, model)
+    started = time.perf_counter()
+    data = work.load("data.pt")
+    if data is not None:  # resumed: the bar counts training steps only
+        tick(0, total=settings.steps)
+    else:
+        texts = ngram_prompts(settings.prompts, settings.max_prompts)
+        tick(0, total=len(texts) + settings.steps)  # one bar: prompts continued, then training steps
+        log(f"continuing {len(texts)} held-in prompts ({settings.new_tokens} tokens each)")
+        generated = continuations(target, tokenizer, texts, settings.new_tokens, on_batch=tick)
+        sequences = [tokenizer(text).input_ids[-settings.context:] + new for text, new in zip(texts, generated)]
+        log(f"teacher-forced pass over {sum(map(len, sequences))} tokens")
+        data = {"sequences": sequences, "features": features_of(target, sequences),
+                "generated": sum(map(len, generated)), "seconds": time.perf_counter() - started}
+        work.save("data.pt", data)
+    sequences, features = data["sequences"], data["features"]
+    token_ids = top_tokens(sequences, settings.vocab_top)
+    head = new_head(target, token_ids, settings.seed).float()
+    embed = target.get_input_embeddings()
+    trainable = [p for p in head.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=settings.lr, weight_decay=0.0)
+    held = max(1, len(sequences) // 20)  # the last 5% of sequences: agreement measured, never trained on
+    train_seqs, train_feats = sequences[:-held], features[:-held]
+    run, checkpoint = _Run(head, optimizer, work), work.load("checkpoint.pt")
+    if checkpoint is not None:
+        head.load_state_dict(checkpoint["head"], strict=False)
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        run.step = checkpoint["step"]
+        log(f"resuming at step {run.step}")
+    rng = random.Random(settings.seed * 1_000_003 + run.step)
+    tick(run.step)
+    head.train()
+    try:
+        _train(run, trainable, embed, train_seqs, train_feats, rng, settings, tick, log, target.device)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: keep what was learnt; the same command resumes from it
+        run.checkpoint()
+        raise
+    head.eval()
+    agreement = _agreement(head, embed, sequences[-held:], features[-held:], settings, target.device)
+    meta = {"target": model, "vocab": vocab_fingerprint(tokenizer), "taps": [FINAL], "token_ids": token_ids,
+            "training": {**asdict(settings), "sequences": len(sequences), "tokens": sum(map(len, sequences)),
+                         "generated_tokens": data["generated"], "held_out_sequences": held,
+                         "top1_agreement_by_step": agreement,
+                         "minutes": round((time.perf_counter() - started) / 60, 1)}}
+    with atomic_output(out, directory=True) as tmp:
+        save_head(tmp, head.to(target.dtype), meta)
+    import shutil
+
+    shutil.rmtree(work.path, ignore_errors=True)
+    return {"out": str(out), "draft": f"eagle:{out}", "parameters": sum(p.numel() for p in trainable),
+            **meta["training"]}
+
+
+@torch.no_grad()
+def _agreement(head: EagleHead, embed, sequences, features, settings: HeadTraining, device) -> list[float]:
+    """Top-1 agreement with the target by unrolled step on held-out sequences (first-token acceptance's proxy)."""
+    sums = [0.0] * settings.unroll
+    count = 0
+    for tokens, feats in zip(sequences, features, strict=True):
+        if len(tokens) <= settings.unroll + 1:
+            continue
+        _, agreement = head_losses(head, embed, torch.tensor([tokens], device=device),
+                                   feats[None].float().to(device), settings, noise=False)
+        sums = [s + a for s, a in zip(sums, agreement, strict=True)]
+        count += 1
+    return [round(s / max(count, 1), 4) for s in sums]
