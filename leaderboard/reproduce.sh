@@ -15,13 +15,16 @@ declare -A configs=(
   [prompt-lookup_ngram]="$target,draft=prompt-lookup:2-3|$drafts/smollm2-ngram,num_draft_tokens=4"
   [layers_0-4]="$target,draft=layers:0-4,dynamic_gamma=true"
   [smollm2-5l-distilled]="$target,draft=$drafts/smollm2-5l-distilled,dynamic_gamma=true"
+  [eagle]="$target,draft=eagle:$drafts/smollm2-eagle,num_draft_tokens=4"
+  [prompt-lookup_eagle]="$target,draft=prompt-lookup:2-3|eagle:$drafts/smollm2-eagle,num_draft_tokens=4"
   [as-target_smollm2-5l-distilled]="pretrained=$drafts/smollm2-5l-distilled,draft=prompt-lookup"  # its accuracy
   [auto]="$target,draft=auto"  # last: resolves from the runs above
 )
-order=(prompt-lookup prompt-lookup_ngram layers_0-4 smollm2-5l-distilled
+order=(prompt-lookup prompt-lookup_ngram layers_0-4 smollm2-5l-distilled eagle prompt-lookup_eagle
        as-target_smollm2-5l-distilled auto)
 [ -d $drafts/smollm2-5l-distilled ] || $bin/zoo prune smollm2-135m-instruct --layers 5 --distill-tokens 65536 --out $drafts/smollm2-5l-distilled
 [ -d $drafts/smollm2-ngram ] || $bin/zoo ngram smollm2-135m-instruct --out $drafts/smollm2-ngram  # shipped in git
+[ -d $drafts/smollm2-eagle ] || $bin/zoo train-head smollm2-135m-instruct --out $drafts/smollm2-eagle  # shipped in git
 for name in "${@:-${order[@]}}"; do
   [ -n "${configs[$name]:-}" ] || { echo "reproduce.sh: unknown configuration $name: use one of ${order[*]}" >&2; exit 2; }
   for task in specdec_humaneval:$HE_LIMIT specdec_mmlu_cot:$MMLU_LIMIT; do

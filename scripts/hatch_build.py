@@ -3,7 +3,7 @@ the published measurements.
 
 The .pth line makes the stock ``lm_eval`` command see ``--model specdec`` (see
 ``specdraft_eval/_lm_eval_hook.py``); it is installed for normal and editable installs alike. A wheel also carries
-``leaderboard/results`` and the shipped n-gram draft under ``specdraft_eval/_published/leaderboard/`` (what
+``leaderboard/results`` and the shipped n-gram draft and EAGLE head under ``specdraft_eval/_published/leaderboard/`` (what
 ``draft=auto``, ``zoo recommend`` and ``zoo rank`` read by default: ``specdraft_eval/published.py``); an editable
 install reads them from the checkout.
 """
@@ -12,7 +12,7 @@ import os
 
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
-PUBLISHED = ("leaderboard/results", "leaderboard/drafts/smollm2-ngram")
+PUBLISHED = ("leaderboard/results", "leaderboard/drafts/smollm2-ngram", "leaderboard/drafts/smollm2-eagle")
 
 
 class CustomBuildHook(BuildHookInterface):

@@ -48,9 +48,9 @@ def speculative_config(draft: str, num_draft_tokens: int) -> dict:
     if kind == "ngram":
         raise SpecdecError(f"vLLM has no n-gram-table draft ({draft}): serve prompt-lookup (vLLM's ngram) instead")
     if kind == "eagle":
-        from specdraft_eval.drafts.eagle import method_of
+        from specdraft_eval.drafts.eagle import describe
 
-        return {"method": method_of(arg or ""), "model": arg, "num_speculative_tokens": num_draft_tokens}
+        return {"method": describe(arg or "")[0], "model": arg, "num_speculative_tokens": num_draft_tokens}
     if kind == AUTO:
         raise SpecdecError("resolve draft=auto first (`zoo recommend`), then map the draft it names")
     if kind != MODEL:

@@ -262,3 +262,14 @@ def test_train_head_cli(tmp_path, tiny_dir):
     assert len(json.loads((out / "eagle.json").read_text())["token_ids"]) == 32
     again = run_cli("zoo", "train-head", str(tiny_dir), "--out", str(out))
     assert again.returncode != 0 and again.stderr.strip().splitlines()[-1].startswith("zoo: error: output directory")
+
+
+def test_rank_shapes_a_head_as_one_layer_with_its_vocabulary(tmp_path, target):
+    from zoo.hardware import shape_from_config
+    from zoo.shapes import draft_shape
+
+    shape = shape_from_config(target.config)
+    reduced = draft_shape(f"eagle:{eagle_dir(tmp_path, target, list(range(0, 64, 4)))}", shape)
+    assert reduced.shape.layers == 1 and reduced.shape.vocab_size == 16
+    full = draft_shape(f"eagle:{eagle3_dir(tmp_path, target)}", shape)
+    assert full.shape.vocab_size == 11 and full.shape.parameters > reduced.shape.parameters - 48 * 32

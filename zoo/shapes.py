@@ -60,6 +60,20 @@ def model_shape(name: str) -> Resolved:
     return Resolved(name, shape_from_config(config), f"config ({file})")
 
 
+def head_shape(arg: str, target: Shape) -> Shape:
+    """An EAGLE-style head's shape: one of the target's decoder layers, ``fc`` (2 or 3 target widths in), its output
+    head (the head's vocabulary) and the target's embedding (one row read per token)."""
+    from specdraft_eval.drafts.eagle import EAGLE3, describe
+
+    variant, vocab = describe(arg)
+    vocab = vocab or target.vocab_size
+    hidden = target.hidden_size
+    per_layer = (target.parameters - target.embedding_parameters - target.vocab_size * hidden) / target.layers
+    fc = (3 if variant == EAGLE3 else 2) * hidden * hidden
+    return Shape(1, hidden, target.heads, target.kv_heads, vocab,
+                 per_layer + fc + vocab * hidden + target.embedding_parameters, target.embedding_parameters)
+
+
 def draft_shape(name: str, target: Shape, record=None) -> Resolved:
     """A draft's shape: model-free kinds, ``layers:`` views of ``target``, models, composites (the shape of
     their first part with a model, as :class:`~specdraft_eval.drafts.composite.CompositeDrafter` reports); or,
@@ -77,6 +91,8 @@ def draft_shape(name: str, target: Shape, record=None) -> Resolved:
     if spec.kind == "layers":
         layers = parse_layers(spec.arg or "", target.layers)
         return Resolved(f"layers:{','.join(map(str, layers))}", target.with_layers(len(layers)), "target's config")
+    if spec.kind == "eagle":
+        return Resolved(spec.name, head_shape(spec.arg or "", target), "one layer at the target's width")
     if spec.kind != MODEL:  # a model-free kind: its canonical name (built without a target unless it reads files)
         build = kinds[spec.kind]
         canonical = spec.name if getattr(build, "path_marker", None) else build(spec.arg, None, None).name

@@ -92,12 +92,13 @@ def new_head(target, token_ids: list[int] | None = None, seed: int = 0) -> Eagle
 
 
 def save_head(directory: Path, head: EagleHead, meta: dict) -> None:
-    """The EAGLE repository's layout (``config.json``, ``model.safetensors``: fc, layers.0) plus ``eagle.json``
-    (format, tokenizer fingerprint, output vocabulary, how it was trained)."""
+    """The EAGLE repository's layout (``config.json``, ``model.safetensors``: fc, layers.0; float32 weights stored as
+    float16, half the size, loaded at the target's dtype) plus ``eagle.json`` (format, tokenizer fingerprint, output
+    vocabulary, how it was trained)."""
     from safetensors.torch import save_file
 
-    state = {k: v.detach().contiguous().cpu() for k, v in head.state_dict().items()
-             if not k.startswith(("lm_head.", "rotary_emb."))}
+    state = {k: v.detach().cpu().to(torch.float16 if v.dtype == torch.float32 else v.dtype).contiguous()
+             for k, v in head.state_dict().items() if not k.startswith(("lm_head.", "rotary_emb."))}
     save_file(state, str(directory / "model.safetensors"))
     config = head.config.to_dict()
     config.update(architectures=["LlamaForCausalLM"], bias=head.fc.bias is not None)

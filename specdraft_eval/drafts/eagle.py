@@ -249,9 +249,16 @@ def variant_of(config: dict, keys=()) -> str:
     return EAGLE
 
 
-def method_of(arg: str) -> str:
-    """vLLM's ``method`` for the head ``eagle:ARG`` (``eagle`` or ``eagle3``), from its config alone."""
-    return variant_of(_read_json(_directory(arg) / "config.json"))
+def describe(arg: str) -> tuple[str, int | None]:
+    """The head ``eagle:ARG``'s variant (vLLM's ``method``: ``eagle`` or ``eagle3``) and output vocabulary size
+    (None: the target's), from its config files alone."""
+    directory = _directory(arg)
+    config = _read_json(directory / "config.json")
+    variant = variant_of(config)
+    if variant == EAGLE3:
+        return variant, config.get("draft_vocab_size")
+    meta = _read_json(directory / HEAD_FILE) if (directory / HEAD_FILE).is_file() else {}
+    return variant, len(meta["token_ids"]) if meta.get("token_ids") else None
 
 
 def read_layout(directory: Path, weights: dict[str, torch.Tensor], target) -> HeadLayout:
