@@ -11,7 +11,8 @@ shapes in under 2 minutes):
    first, warmed up, then measured in interleaved rounds (median, min, max over rounds);
 2. verification cost of k = 0..16 draft tokens on the 7B shape at contexts 128 and 1024;
 3. ``zoo bench`` on the 7B shape: transformers ``generate`` and assisted generation, our plain decoding and ours at
-   fixed and dynamic γ, prompt lookup and a 5-layer view (with ``--compile``: our rows compiled);
+   fixed and dynamic γ, prompt lookup, a 5-layer view and an EAGLE head (one layer + the target's output head)
+   (with ``--compile``: our rows compiled);
 4. ``lm_eval --model specdec --device DEVICE`` on a small model saved to disk, batch 1 and 4, ``baseline=true``
    (with ``--compile``: ``compile=true``);
 5. steady decoding on the 7B shape: per-step times of plain steps and of verifying 4 tokens over a long decode,
@@ -174,7 +175,11 @@ def bench(check: Check) -> None:
 
     target = check.target()
     prompts = task_prompts("specdec_humaneval")[:3] + task_prompts("specdec_mmlu_cot")[:1]
-    drafters = [load_draft("prompt-lookup", target, check.tokenizer), load_draft("layers:0-4", target, check.tokenizer)]
+    from specdraft_eval.drafts.eagle import EagleDrafter
+    from zoo.train_head import new_head
+
+    drafters = [load_draft("prompt-lookup", target, check.tokenizer), load_draft("layers:0-4", target, check.tokenizer),
+                EagleDrafter(new_head(target), target, "eagle-head", None)]  # one layer + the target's head
     result = run_bench(target, "random-weight Llama-2-7B shape", check.tokenizer, drafters, prompts, 4,
                        check.args.repeats, check.args.new_tokens, compile=check.args.compile)
     try:

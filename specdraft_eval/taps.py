@@ -12,11 +12,13 @@ from specdraft_eval.errors import SpecdecError
 
 class FeatureTap:
     """Records ``taps`` of ``target`` on every forward pass until :meth:`close`; :meth:`take` returns the last
-    pass's, concatenated in tap order: ``[rows, columns, len(taps) * hidden]``."""
+    pass's, concatenated in tap order: ``[rows, columns, len(taps) * hidden]``; with ``history``, :meth:`passes`
+    returns every pass's."""
 
-    def __init__(self, target, taps: tuple[int, ...]) -> None:
+    def __init__(self, target, taps: tuple[int, ...], history: bool = False) -> None:
         self._seen: dict[int, torch.Tensor] = {}
         self._taps = taps
+        self._history: list[torch.Tensor] | None = [] if history else None
         self._hooks = []
         layers = decoder_layers(target)
         for tap in taps:
@@ -34,12 +36,17 @@ class FeatureTap:
 
     def _output_hook(self, tap: int):
         def hook(module, args, output):
-            self._seen[tap] = output.detach()
+            self._record(tap, output)
         return hook
+
+    def _record(self, tap: int, value: torch.Tensor) -> None:
+        self._seen[tap] = value.detach()
+        if self._history is not None and len(self._seen) == len(self._taps):
+            self._history.append(self.take())
 
     def _input_hook(self, tap: int):
         def hook(module, args, kwargs):
-            self._seen[tap] = (args[0] if args else kwargs["hidden_states"]).detach()
+            self._record(tap, args[0] if args else kwargs["hidden_states"])
         return hook
 
     def take(self) -> torch.Tensor | None:
@@ -49,6 +56,11 @@ class FeatureTap:
         features = torch.cat([self._seen[tap] for tap in self._taps], dim=-1)
         self._seen = {}
         return features
+
+    def passes(self) -> list[torch.Tensor]:
+        """With ``history``: every pass's features since the last call, in order."""
+        passes, self._history = self._history, []
+        return passes
 
     def close(self) -> None:
         for hook in self._hooks:

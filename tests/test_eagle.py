@@ -273,3 +273,19 @@ def test_rank_shapes_a_head_as_one_layer_with_its_vocabulary(tmp_path, target):
     assert reduced.shape.layers == 1 and reduced.shape.vocab_size == 16
     full = draft_shape(f"eagle:{eagle3_dir(tmp_path, target)}", shape)
     assert full.shape.vocab_size == 11 and full.shape.parameters > reduced.shape.parameters - 48 * 32
+
+
+def test_training_features_are_the_teacher_forced_ones(tiny_dir):
+    """Features recorded while generating (prefill + each decoding step, left-padded batch) equal one
+    teacher-forced pass over the same tokens (up to their float16 storage)."""
+    from zoo.train_head import generations
+
+    target, tokenizer = LoadSettings().load(str(tiny_dir))
+    texts = ["w1 w2 w3", "w5 w6 w7 w8 w9 w10 w11", "w3"]
+    sequences, features, generated = generations(target, tokenizer, texts, HeadTraining(new_tokens=12),
+                                                  lambda *a, **k: None)
+    assert generated > 0 and [len(f) for f in features] == [len(s) for s in sequences]
+    for tokens, seen in zip(sequences, features, strict=True):
+        with torch.inference_mode():
+            reference = target(torch.tensor([tokens]), output_hidden_states=True).hidden_states[-1][0]
+        torch.testing.assert_close(seen.float(), reference, rtol=0, atol=3e-3)

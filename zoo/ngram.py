@@ -51,24 +51,28 @@ def _prompts(spec: str | None) -> list[str]:
 
 
 @torch.inference_mode()
-def continuations(target, tokenizer, prompts: list[str], new_tokens: int, batch_size: int = 16,
-                  on_batch: Callable[[int], None] | None = None) -> list[list[int]]:
-    """The target's greedy continuation (token ids, up to EOS) of each prompt (its last 512 tokens, which keeps
-    prefill short on a CPU), ``batch_size`` prompts at a time."""
+def generate_batches(target, tokenizer, prompts: list[str], new_tokens: int, batch_size: int = 16, context: int = 512):
+    """Yield, ``batch_size`` prompts at a time, each prompt's token ids (its last ``context`` tokens, which keeps
+    prefill short on a CPU) and the target's greedy continuation of it (token ids, up to EOS)."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     eos = target.generation_config.eos_token_id
     eos = {eos} if isinstance(eos, int) else set(eos or [])
-    out: list[list[int]] = []
     for start in range(0, len(prompts), batch_size):
-        rows = [tokenizer(p).input_ids[-512:] for p in prompts[start : start + batch_size]]
+        rows = [tokenizer(p).input_ids[-context:] for p in prompts[start : start + batch_size]]
         width = max(map(len, rows))
-        ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
-        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+        ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=target.device)
+        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=target.device)
         generated = target.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
                                     pad_token_id=pad)[:, width:].tolist()
-        for row in generated:
-            end = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
-            out.append(row[:end])
+        yield rows, [row[: next((i + 1 for i, t in enumerate(row) if t in eos), len(row))] for row in generated]
+
+
+def continuations(target, tokenizer, prompts: list[str], new_tokens: int, batch_size: int = 16,
+                  on_batch: Callable[[int], None] | None = None) -> list[list[int]]:
+    """The target's greedy continuation of each prompt (:func:`generate_batches`)."""
+    out: list[list[int]] = []
+    for rows, generated in generate_batches(target, tokenizer, prompts, new_tokens, batch_size):
+        out.extend(generated)
         if on_batch:
             on_batch(len(rows))
     return out

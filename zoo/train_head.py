@@ -1,9 +1,9 @@
 """``zoo train-head``: an EAGLE-style head for a target, trained on the target's own text and hidden states.
 
 1. Data: the target continues held-in prompts greedily (``zoo ngram``'s prompts and generation: never the
-   documents the leaderboard measures); one teacher-forced pass over each prompt's tail plus its continuation
-   gives the target's last hidden state (after its final norm) at every position, and its next-token
-   distribution follows from them through its own output head.
+   documents the leaderboard measures); its last hidden state (after its final norm) at every position of each
+   prompt's tail and continuation is recorded during that generation (equal to a teacher-forced pass's, without
+   a second pass), and its next-token distribution follows from them through its own output head.
 2. Vocabulary: the ``vocab_top`` tokens the target emits most often in that text (a reduced output head, its
    rows shared with the target's head, keeps the draft's cost per token low).
 3. Training, as EAGLE: the head maps (feature t, embedding of token t+1) to feature t+1; loss = smooth-L1 on
@@ -36,7 +36,7 @@ from specdraft_eval.errors import SpecdecError
 from specdraft_eval.files import atomic_output, write_json
 from specdraft_eval.taps import FeatureTap
 from specdraft_eval.targets import LoadSettings
-from zoo.ngram import continuations, ngram_prompts
+from zoo.ngram import generate_batches, ngram_prompts
 from zoo.prune import check_out
 from zoo.progress import Tick, no_progress
 
@@ -106,18 +106,27 @@ def save_head(directory: Path, head: EagleHead, meta: dict) -> None:
     write_json(directory / HEAD_FILE, {"format": HEAD_FORMAT, **meta})
 
 
-@torch.inference_mode()
-def features_of(target, sequences: list[list[int]]) -> list[torch.Tensor]:
-    """The target's final hidden state at every position of each sequence (one teacher-forced pass each)."""
-    tap = FeatureTap(target, (FINAL,))
+def generations(target, tokenizer, texts: list[str], settings: HeadTraining,
+                tick: Tick) -> tuple[list[list[int]], list[torch.Tensor], int]:
+    """Each prompt's tail and the target's greedy continuation as one sequence, with the target's final hidden state
+    at each of its positions, recorded while generating (the prefill's and each decoding step's: no second pass).
+    Returns the sequences, their features ([length, hidden] float16 on the CPU) and the tokens generated."""
+    sequences, features, generated = [], [], 0
+    tap = FeatureTap(target, (FINAL,), history=True)
     try:
-        out = []
-        for tokens in sequences:
-            target(input_ids=torch.tensor([tokens], device=target.device), logits_to_keep=1)
-            out.append(tap.take()[0].to("cpu", torch.float16))
-        return out
+        for rows, continued in generate_batches(target, tokenizer, texts, settings.new_tokens, context=settings.context):
+            prefill, *steps = tap.passes()  # [B, width, H], then [B, 1, H] per decoding step
+            width = prefill.shape[1]
+            for i, (prompt, new) in enumerate(zip(rows, continued, strict=True)):
+                seen = torch.cat([prefill[i, width - len(prompt):], *(step[i] for step in steps)])
+                length = min(len(prompt) + len(new), len(seen))  # the last generated token was never fed
+                sequences.append((prompt + new)[:length])
+                features.append(seen[:length].to("cpu", torch.float16))
+                generated += len(new)
+            tick(len(rows))
     finally:
         tap.close()
+    return sequences, features, generated
 
 
 def top_tokens(sequences: list[list[int]], most: int) -> list[int] | None:
@@ -244,11 +253,10 @@ def train_head(model: str, out: Path, settings: HeadTraining = HeadTraining(), l
         texts = ngram_prompts(settings.prompts, settings.max_prompts)
         tick(0, total=len(texts) + settings.steps)  # one bar: prompts continued, then training steps
         log(f"continuing {len(texts)} held-in prompts ({settings.new_tokens} tokens each)")
-        generated = continuations(target, tokenizer, texts, settings.new_tokens, on_batch=tick)
-        sequences = [tokenizer(text).input_ids[-settings.context:] + new for text, new in zip(texts, generated)]
-        log(f"teacher-forced pass over {sum(map(len, sequences))} tokens")
-        data = {"sequences": sequences, "features": features_of(target, sequences),
-                "generated": sum(map(len, generated)), "seconds": time.perf_counter() - started}
+        sequences, features, generated = generations(target, tokenizer, texts, settings, tick)
+        data = {"sequences": sequences, "features": features, "generated": generated,
+                "seconds": time.perf_counter() - started}
+        log(f"{sum(map(len, sequences))} tokens with features, {generated} of them generated")
         work.save("data.pt", data)
     sequences, features = data["sequences"], data["features"]
     token_ids = top_tokens(sequences, settings.vocab_top)

@@ -109,6 +109,14 @@ class EagleHead(nn.Module):
         self.layers = nn.ModuleList([layer])
         self.rotary_emb = LlamaRotaryEmbedding(config)
 
+    @property
+    def device(self) -> torch.device:
+        return self.fc.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.fc.weight.dtype
+
     def forward(self, embeds: torch.Tensor, features: torch.Tensor, cache, position_ids: torch.Tensor,
                 own: bool = False) -> torch.Tensor:
         """``embeds`` [B, T, H] of tokens t+1, ``features`` [B, T, F] of positions t (the target's, or with ``own``
