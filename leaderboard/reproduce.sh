@@ -17,15 +17,24 @@ declare -A configs=(
   [smollm2-5l-distilled]="$target,draft=$drafts/smollm2-5l-distilled,dynamic_gamma=true"
   [eagle]="$target,draft=eagle:$drafts/smollm2-eagle,num_draft_tokens=4"
   [prompt-lookup_eagle]="$target,draft=prompt-lookup:2-3|eagle:$drafts/smollm2-eagle,num_draft_tokens=4"
+  [prompt-lookup_eagle_dynamic]="$target,draft=prompt-lookup:2-3|eagle:$drafts/smollm2-eagle,num_draft_tokens=4,dynamic_gamma=true"
   [as-target_smollm2-5l-distilled]="pretrained=$drafts/smollm2-5l-distilled,draft=prompt-lookup"  # its accuracy
   [auto]="$target,draft=auto"  # last: resolves from the runs above
 )
 order=(prompt-lookup prompt-lookup_ngram layers_0-4 smollm2-5l-distilled eagle prompt-lookup_eagle
-       as-target_smollm2-5l-distilled auto)
-[ -d $drafts/smollm2-5l-distilled ] || $bin/zoo prune smollm2-135m-instruct --layers 5 --distill-tokens 65536 --out $drafts/smollm2-5l-distilled
-[ -d $drafts/smollm2-ngram ] || $bin/zoo ngram smollm2-135m-instruct --out $drafts/smollm2-ngram  # shipped in git
-[ -d $drafts/smollm2-eagle ] || $bin/zoo train-head smollm2-135m-instruct --out $drafts/smollm2-eagle  # shipped in git
-for name in "${@:-${order[@]}}"; do
+       prompt-lookup_eagle_dynamic as-target_smollm2-5l-distilled auto)
+names=("${@:-${order[@]}}")
+wants() { for n in "${names[@]}"; do [[ "${configs[$n]:-}" == *"$1"* ]] && return 0; done; return 1; }  # a draft the runs need
+if wants smollm2-5l-distilled && [ ! -d $drafts/smollm2-5l-distilled ]; then
+  $bin/zoo prune smollm2-135m-instruct --layers 5 --distill-tokens 65536 --out $drafts/smollm2-5l-distilled
+fi
+if wants smollm2-ngram && [ ! -d $drafts/smollm2-ngram ]; then  # shipped in git
+  $bin/zoo ngram smollm2-135m-instruct --out $drafts/smollm2-ngram
+fi
+if wants smollm2-eagle && [ ! -d $drafts/smollm2-eagle ]; then  # shipped in git
+  $bin/zoo train-head smollm2-135m-instruct --out $drafts/smollm2-eagle
+fi
+for name in "${names[@]}"; do
   [ -n "${configs[$name]:-}" ] || { echo "reproduce.sh: unknown configuration $name: use one of ${order[*]}" >&2; exit 2; }
   for task in specdec_humaneval:$HE_LIMIT specdec_mmlu_cot:$MMLU_LIMIT; do
     $bin/lm_eval --model specdec --model_args "${configs[$name]}" --include_path tasks --tasks "${task%%:*}" \

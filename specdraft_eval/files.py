@@ -37,14 +37,15 @@ def atomic_output(path: Path, directory: bool = False) -> Iterator[Path]:
     error or interruption it is removed, so ``path`` is never half-written."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    umask = os.umask(0)
+    os.umask(umask)
     if directory:
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
+        tmp.chmod(0o777 & ~umask)  # mkdtemp's 0700 would hide a published draft from other users
     else:
         fd, name = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
         os.close(fd)
         tmp = Path(name)
-        umask = os.umask(0)
-        os.umask(umask)
         tmp.chmod(0o666 & ~umask)  # mkstemp's 0600 would hide a published page or profile from other users
     try:
         yield tmp

@@ -70,6 +70,19 @@ def kernels_of(model: torch.nn.Module) -> str:
     return "onednn" if any(isinstance(m, PackedLinear) for m in model.modules()) else "plain"
 
 
+def output_weight(model) -> torch.Tensor:
+    """The weight of ``model``'s output head ([vocab, hidden]), also once pre-packed: a packed head tied to the
+    input embeddings reads it from them."""
+    head = model.get_output_embeddings()
+    if not isinstance(head, PackedLinear):
+        return head.weight.detach()
+    embedding = model.get_input_embeddings().weight
+    if getattr(model.config, "tie_word_embeddings", False) and embedding.shape == (head.out_features, head.in_features):
+        return embedding.detach()
+    raise SpecdecError("this target's output head is pre-packed and not tied to its embeddings: run it with "
+                       "kernels=plain to draft with a head that reads the target's output head")
+
+
 def weight_bytes(model: torch.nn.Module) -> dict[int, int]:
     """Bytes of ``model``'s distinct weight tensors, keyed by identity (parameters and packed weights)."""
     seen = {p.data_ptr(): p.numel() * p.element_size() for p in model.parameters()}

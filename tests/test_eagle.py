@@ -289,3 +289,12 @@ def test_training_features_are_the_teacher_forced_ones(tiny_dir):
         with torch.inference_mode():
             reference = target(torch.tensor([tokens]), output_hidden_states=True).hidden_states[-1][0]
         torch.testing.assert_close(seen.float(), reference, rtol=0, atol=3e-3)
+
+
+def test_profile_times_a_head_fed_as_the_engine_feeds_it(tmp_path, target):
+    from specdraft_eval.drafts.prompt_lookup import PromptLookupDrafter
+    from zoo.profile import engine_latency
+
+    head = build(str(eagle_dir(tmp_path, target)), target, None)
+    verify, drafts = engine_latency(target, [head, PromptLookupDrafter()], [1, 3], [list(range(2, 20))], 3)
+    assert drafts[head.name].t_draft.median > 0 and set(verify) == {0, 1, 2, 3}

@@ -104,9 +104,9 @@ def train_head(
     model: Annotated[str, typer.Argument(help="The target whose hidden states the head learns to predict.")],
     out: OutOpt,
     prompts: PromptsOpt = None,
-    steps: Annotated[int, typer.Option(help="Training steps (8 windows of 192 tokens each).")] = 800,
+    steps: Annotated[int, typer.Option(help="Training steps (8 windows of 192 tokens each).")] = 700,
     vocab_top: Annotated[int, typer.Option(help="Output vocabulary: the target's commonest tokens (0: all).")] = 8192,
-    new_tokens: Annotated[int, typer.Option(help="Tokens the target generates per prompt.")] = 192,
+    new_tokens: Annotated[int, typer.Option(help="Tokens the target generates per prompt.")] = 160,
     max_prompts: Annotated[Optional[int], typer.Option(help="Continue at most this many prompts.")] = None,
     device: DeviceOpt = None, dtype: DtypeOpt = "auto", as_json: JsonOpt = False,
 ) -> None:

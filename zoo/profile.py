@@ -45,40 +45,56 @@ def engine_latency(target, drafters: list, gammas: list[int], prompts: list[list
     """
     from specdraft_eval.drafts.base import Proposal
     from specdraft_eval.engine import clock, prefill, verify_step
+    from specdraft_eval.taps import FeatureTap
 
     device, sampler = target.device, Sampler()
     verify: dict[int, list[float]] = {k: [] for k in range(max(gammas, default=0) + 1)}
     per_token = {d.name: [] for d in drafters}
     per_call = {d.name: [] for d in drafters}  # calls that drafted nothing (prompt lookup without a match)
     first_read = {d.name: [] for d in drafters}  # (seconds, prompt tokens) of a draft's first propose
-    for prompt in prompts:
-        tokens = list(prompt)
-        cache = prefill(target, [tokens])
-        for drafter in drafters:
-            drafter.reset()
-            start = clock(device)
-            drafter.propose(tokens, 1, sampler)
-            first_read[drafter.name].append((clock(device) - start, len(tokens)))
-        for step in range(WARMUP_STEPS + steps):
-            timed = step >= WARMUP_STEPS
+    reading = [d for d in drafters if d.taps]  # heads fed the target's features of every kept position
+    if len({d.taps for d in reading}) > 1:
+        raise SpecdecError("profile heads that read different hidden states of the target one at a time")
+    tap = FeatureTap(target, reading[0].taps) if reading else None
+    try:
+        for prompt in prompts:
+            tokens = list(prompt)
+            cache = prefill(target, [tokens])
+            prefilled = tap.take() if tap else None  # [1, prompt - 1, features]
             for drafter in drafters:
-                for gamma in gammas:
-                    start = clock(device)
-                    proposal = drafter.propose(tokens, gamma, sampler)
-                    seconds = clock(device) - start
-                    if timed:
-                        k = len(proposal.tokens)
-                        (per_token[drafter.name] if k else per_call[drafter.name]).append(seconds / max(k, 1))
-            for k in sorted(verify, reverse=True):  # k = 0 last: it leaves the cache one token longer
-                filler = Proposal([tokens[-1]] * k)
+                drafter.reset()
+                if prefilled is not None and drafter.taps:
+                    drafter.observe(prefilled[0])
                 start = clock(device)
-                [(_, next_token)] = verify_step(target, cache, [tokens], [filler], [sampler])
-                seconds = clock(device) - start
-                if k:
-                    cache.rollback(len(tokens) - 1)
-                if timed:
-                    verify[k].append(seconds)
-            tokens.append(next_token)
+                drafter.propose(tokens, 1, sampler)
+                first_read[drafter.name].append((clock(device) - start, len(tokens)))
+            for step in range(WARMUP_STEPS + steps):
+                timed = step >= WARMUP_STEPS
+                for drafter in drafters:
+                    for gamma in gammas:
+                        start = clock(device)
+                        proposal = drafter.propose(tokens, gamma, sampler)
+                        seconds = clock(device) - start
+                        if timed:
+                            k = len(proposal.tokens)
+                            (per_token[drafter.name] if k else per_call[drafter.name]).append(seconds / max(k, 1))
+                for k in sorted(verify, reverse=True):  # k = 0 last: it leaves the cache one token longer
+                    filler = Proposal([tokens[-1]] * k)
+                    start = clock(device)
+                    [(_, next_token)] = verify_step(target, cache, [tokens], [filler], [sampler])
+                    seconds = clock(device) - start
+                    features = tap.take() if tap else None
+                    if k:
+                        cache.rollback(len(tokens) - 1)
+                    elif features is not None:
+                        for drafter in reading:
+                            drafter.observe(features[0, :1])
+                    if timed:
+                        verify[k].append(seconds)
+                tokens.append(next_token)
+    finally:
+        if tap:
+            tap.close()
     drafts = {}
     for drafter in drafters:
         draft = Spread.of_seconds(per_token[drafter.name] or per_call[drafter.name])

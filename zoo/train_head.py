@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import time
 from collections import Counter
@@ -29,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig
 
+from specdraft_eval import kernels
 from specdraft_eval.drafts.base import FINAL
 from specdraft_eval.drafts.eagle import EAGLE, HEAD_FILE, HEAD_FORMAT, EagleHead, HeadLayout
 from specdraft_eval.drafts.ngram import vocab_fingerprint
@@ -47,10 +49,10 @@ class HeadTraining:
 
     prompts: str | None = None  # zoo ngram's: the default held-in split, a bundled task's, or a file
     max_prompts: int | None = None
-    new_tokens: int = 192  # of greedy continuation per prompt
+    new_tokens: int = 160  # of greedy continuation per prompt
     context: int = 384  # prompt tokens kept before each continuation
     vocab_top: int = 8192  # the head's output vocabulary (0: the target's whole vocabulary)
-    steps: int = 1200
+    steps: int = 700
     batch_size: int = 8
     window: int = 192  # tokens per training sequence
     lr: float = 2e-3
@@ -84,7 +86,7 @@ def new_head(target, token_ids: list[int] | None = None, seed: int = 0) -> Eagle
     vocabulary, default the target's whole one), with the target's output head rows attached."""
     torch.manual_seed(seed)
     head = EagleHead(HeadLayout(EAGLE, (FINAL,), head_config(target), token_ids), target.config.hidden_size, True)
-    full = target.get_output_embeddings().weight.detach()
+    full = kernels.output_weight(target)
     rows = full[torch.tensor(token_ids)] if token_ids else full
     head.lm_head = torch.nn.Linear(rows.shape[1], rows.shape[0], bias=False)
     head.lm_head.weight = torch.nn.Parameter(rows.clone(), requires_grad=False)
@@ -100,6 +102,9 @@ def save_head(directory: Path, head: EagleHead, meta: dict) -> None:
     state = {k: v.detach().cpu().to(torch.float16 if v.dtype == torch.float32 else v.dtype).contiguous()
              for k, v in head.state_dict().items() if not k.startswith(("lm_head.", "rotary_emb."))}
     save_file(state, str(directory / "model.safetensors"))
+    umask = os.umask(0)
+    os.umask(umask)
+    (directory / "model.safetensors").chmod(0o666 & ~umask)  # the writer's 0600 would hide a shared head
     config = head.config.to_dict()
     config.update(architectures=["LlamaForCausalLM"], bias=head.fc.bias is not None)
     (directory / "config.json").write_text(json.dumps(config, indent=1, default=str))

@@ -31,7 +31,7 @@ from transformers.masking_utils import create_causal_mask
 from transformers.models.llama.modeling_llama import (LlamaAttention, LlamaDecoderLayer, LlamaMLP, LlamaRMSNorm,
                                                       LlamaRotaryEmbedding)
 
-from specdraft_eval import kv
+from specdraft_eval import kernels, kv
 from specdraft_eval.drafts.base import FINAL, Proposal
 from specdraft_eval.drafts.model import choose
 from specdraft_eval.errors import SpecdecError
@@ -111,11 +111,11 @@ class EagleHead(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return self.fc.weight.device
+        return self.layers[0].post_attention_layernorm.weight.device  # a norm: never pre-packed
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.fc.weight.dtype
+        return self.layers[0].post_attention_layernorm.weight.dtype
 
     def forward(self, embeds: torch.Tensor, features: torch.Tensor, cache, position_ids: torch.Tensor,
                 own: bool = False) -> torch.Tensor:
@@ -145,12 +145,11 @@ class EagleDrafter:
         self._embed = target.get_input_embeddings()
         self._ids = torch.tensor(token_ids, dtype=torch.long, device=target.device) if token_ids else None
         if head.lm_head is None:  # EAGLE reads with the target's output head (its rows of token_ids)
-            full = target.get_output_embeddings()
-            head.lm_head = nn.Linear(full.in_features, len(token_ids) if token_ids else full.out_features,
-                                     bias=False).to(full.weight.device, full.weight.dtype)
-            weight = full.weight.detach()
-            head.lm_head.weight = nn.Parameter(weight[self._ids] if self._ids is not None else weight,
-                                               requires_grad=False)
+            weight = kernels.output_weight(target)
+            rows = weight[self._ids] if self._ids is not None else weight  # [head vocabulary, hidden]
+            head.lm_head = nn.Linear(rows.shape[1], rows.shape[0], bias=False).to(rows.device, rows.dtype)
+            head.lm_head.weight = nn.Parameter(rows, requires_grad=False)
+        kernels.apply(head, kernels.kernels_of(target))  # the head runs the target's kernels
         self.reset()
 
     def reset(self, capacity: int | None = None) -> None:
@@ -204,6 +203,10 @@ def _directory(arg: str) -> Path:
     path = Path(os.path.expanduser(arg))
     if path.is_dir():
         return path
+    from specdraft_eval import published
+
+    if not path.is_absolute() and (published.base() / path).is_dir():  # a shipped head named as in the results
+        return published.base() / path
     if arg.count("/") != 1 or arg.startswith((".", "/", "~")):
         raise SpecdecError(f"EAGLE head {arg!r} not found: give a directory (e.g. one `zoo train-head` wrote) or a "
                            "hub id org/name")
