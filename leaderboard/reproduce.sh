@@ -14,6 +14,11 @@ declare -A configs=(
   [prompt-lookup]="$target,draft=prompt-lookup,num_draft_tokens=4"
   [prompt-lookup_ngram]="$target,draft=prompt-lookup:2-3|$drafts/smollm2-ngram,num_draft_tokens=4"
   [layers_0-4]="$target,draft=layers:0-4,dynamic_gamma=true"
+  [layers_0-1]="$target,draft=layers:0-1,dynamic_gamma=true"  # layer views: first k at 2, 5, 10 layers ...
+  [layers_0-9]="$target,draft=layers:0-9,dynamic_gamma=true"
+  [layers_uniform-2]="$target,draft=layers:0+29,dynamic_gamma=true"  # ... and spread uniformly over the 30
+  [layers_uniform-5]="$target,draft=layers:0+7+14+22+29,dynamic_gamma=true"
+  [layers_uniform-10]="$target,draft=layers:0+3+6+9+13+16+19+22+26+29,dynamic_gamma=true"
   [smollm2-5l-distilled]="$target,draft=$drafts/smollm2-5l-distilled,dynamic_gamma=true"
   [eagle]="$target,draft=eagle:$drafts/smollm2-eagle,num_draft_tokens=4"
   [prompt-lookup_eagle]="$target,draft=prompt-lookup:2-3|eagle:$drafts/smollm2-eagle,num_draft_tokens=4"
@@ -21,7 +26,8 @@ declare -A configs=(
   [as-target_smollm2-5l-distilled]="pretrained=$drafts/smollm2-5l-distilled,draft=prompt-lookup"  # its accuracy
   [auto]="$target,draft=auto"  # last: resolves from the runs above
 )
-order=(prompt-lookup prompt-lookup_ngram layers_0-4 smollm2-5l-distilled eagle prompt-lookup_eagle
+order=(prompt-lookup prompt-lookup_ngram layers_0-1 layers_0-4 layers_0-9 layers_uniform-2 layers_uniform-5
+       layers_uniform-10 smollm2-5l-distilled eagle prompt-lookup_eagle
        prompt-lookup_eagle_dynamic as-target_smollm2-5l-distilled auto)
 names=("${@:-${order[@]}}")
 wants() { for n in "${names[@]}"; do [[ "${configs[$n]:-}" == *"$1"* ]] && return 0; done; return 1; }  # a draft the runs need

@@ -196,3 +196,26 @@ def test_a_composite_drafts_bar_does_not_split_its_markdown_cell(tmp_path):
     assert build(tmp_path / "results", tmp_path / "out").returncode == 0
     rows = [line for line in (tmp_path / "out" / "README.md").read_text().splitlines() if line.startswith("| prompt")]
     assert rows and all(line.startswith("| prompt-lookup\\|drafts/ngram ") for line in rows)
+
+
+def test_one_row_per_configuration_runs_merged(results, tmp_path):
+    """A rerun of a configuration (or an `auto` run that resolved to it) adds a run to its row, not a row: counters
+    summed, speedup the median with min and max over runs, the number of runs shown."""
+    from specdraft_eval.record import scan_results
+    from zoo.leaderboard import collect
+
+    for scale in (2.0, 4.0):  # two more runs of prompt-lookup:3, faster each time
+        write_result(results / f"rerun-{scale}", "prompt-lookup:3", scale)
+    rows = [r for r in collect([results]) if r["draft"] == "prompt-lookup:3"]
+    assert len(rows) == 2  # one per task
+    by_task = {r["task"]: r for r in rows}
+    humaneval = by_task["specdec_humaneval"]
+    speedups = sorted(f.record.per_task["specdec_humaneval"].speedup for f in scan_results([results])
+                      if f.record.draft == "prompt-lookup:3")
+    assert humaneval["runs"] == 3
+    assert (humaneval["speedup_min"], humaneval["speedup"], humaneval["speedup_max"]) == tuple(speedups)
+    assert humaneval["documents"] == 3  # generations summed over the runs
+    out = tmp_path / "page"
+    assert build(results, out).returncode == 0
+    lines = (out / "leaderboard.csv").read_text().splitlines()
+    assert len(lines) == 1 + 6 and sum("prompt-lookup:3" in line for line in lines) == 2

@@ -10,6 +10,7 @@ import csv
 import html
 import io
 import re
+import statistics
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -17,12 +18,13 @@ from tabulate import tabulate
 
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.files import atomic_write
-from specdraft_eval.record import ResultsFile, scan_results
+from specdraft_eval.record import Configuration, configurations, scan_results
 from specdraft_eval.report import positions
 
 COLUMNS = [
     ("target", "target"), ("hardware", "hardware"), ("draft", "draft"), ("task", "task"),
-    ("speedup", "speedup"), ("tar", "TAR"), ("accuracy", "accuracy"), ("draft_accuracy", "draft accuracy"),
+    ("speedup", "speedup"), ("speedup_min", "speedup min"), ("speedup_max", "speedup max"), ("runs", "runs"),
+    ("tar", "TAR"), ("accuracy", "accuracy"), ("draft_accuracy", "draft accuracy"),
     ("documents", "documents"), ("tokens_per_second", "tokens/s"), ("baseline_tokens_per_second", "plain tokens/s"),
     ("draft_ms_per_token", "draft ms/token"), ("verify_ms_per_step", "verify ms/step"),
     ("acceptance_by_position", "acceptance by position"), ("gamma", "γ"), ("dynamic_gamma", "dynamic γ"),
@@ -31,7 +33,7 @@ COLUMNS = [
     ("draft_layers", "draft layers"), ("date", "date"), ("lm_eval", "lm-eval"), ("specdraft_eval", "specdraft-eval"),
 ]
 GROUPED = ("target", "hardware")  # headings of the page, not columns of its tables
-DECIMALS = {"speedup": 2, "tar": 2, "tar_p50": 2, "accepted_per_step": 2, "acceptance_rate": 2, "accuracy": 2,
+DECIMALS = {"speedup": 2, "speedup_min": 2, "speedup_max": 2, "tar": 2, "tar_p50": 2, "accepted_per_step": 2, "acceptance_rate": 2, "accuracy": 2,
             "draft_accuracy": 2, "tokens_per_second": 1, "baseline_tokens_per_second": 1, "verify_ms_per_step": 1,
             "draft_parameters_m": 1}
 """Decimals shown: speedup and TAR to 0.01 (their run-to-run spread here is a few percent), times to 0.1 ms."""
@@ -44,33 +46,53 @@ def _accuracy(task_results: dict) -> tuple[str | None, float | None]:
     return None, None
 
 
-def rows_from_file(entry: ResultsFile) -> list[dict]:
-    """Leaderboard rows (one per task) of one results file."""
-    record, date = entry.record, entry.date
-    day = datetime.fromtimestamp(float(date), tz=timezone.utc).date().isoformat() if isinstance(date, (int, float)) else str(date or "")
+TIMED = ("tokens_per_second", "baseline_tokens_per_second", "draft_ms_per_token", "verify_ms_per_step")
+"""Figures that depend on the machine's speed that day: the median over a configuration's runs (counters, and so
+TAR and acceptance, are summed over runs instead)."""
+
+
+def _day(date) -> str:
+    return datetime.fromtimestamp(float(date), tz=timezone.utc).date().isoformat() if isinstance(date, (int, float)) \
+        else str(date or "")
+
+
+def rows_from_configuration(config: Configuration) -> list[dict]:
+    """Leaderboard rows (one per task) of one configuration: every results file of it merged (a rerun, or a run
+    of ``auto``, which records what it resolved to)."""
+    latest = max(config.files, key=lambda f: str(f.date or ""))
+    record = latest.record
     rows = []
-    for task, stats in sorted(record.per_task.items()):
+    for task, stats in sorted(config.per_task.items()):
         figures = stats.summary()
-        metric, value = _accuracy(entry.results.get(task, {}))
+        runs = [f for f in config.files if task in f.record.per_task]
+        timed = {key: [f.record.per_task[task].summary()[key] for f in runs] for key in TIMED}
+        scores = [score for score in (_accuracy(f.results.get(task, {})) for f in runs) if score[1] is not None]
+        spread = config.speedup_spread(task)
         rows.append({
-            "target": record.target, "draft": record.draft, "draft_parameters_m": record.draft_parameters_m or None,
-            "draft_layers": record.draft_layers or None, "task": task, "metric": metric, "accuracy": value,
+            "target": config.target, "draft": config.draft, "draft_parameters_m": record.draft_parameters_m or None,
+            "draft_layers": record.draft_layers or None, "task": task,
+            "metric": scores[0][0] if scores else None,
+            "accuracy": statistics.median(v for _, v in scores) if scores else None,
             "draft_accuracy": None, "documents": stats.generations or None,
             **{k: figures[k] for k, _ in COLUMNS if k in figures},
+            **{k: statistics.median(v) if None not in v else None for k, v in timed.items()},
+            "speedup": config.speedup(task), "speedup_min": spread[0] if spread else None,
+            "speedup_max": spread[1] if spread else None, "runs": len(runs),
             "acceptance_rate_per_position": figures["acceptance_rate_per_position"],
             "acceptance_by_position": positions(figures["acceptance_rate_per_position"]),
             "tar_p50": (figures["per_request_mean_accepted_length"] or {}).get("p50"),
-            "gamma": record.num_draft_tokens, "dynamic_gamma": "yes" if record.dynamic_gamma else "no",
-            "hardware": record.hardware or None, "date": day,
+            "gamma": config.num_draft_tokens, "dynamic_gamma": "yes" if config.dynamic_gamma else "no",
+            "hardware": config.hardware or None, "date": _day(latest.date),
             "lm_eval": record.versions.get("lm-eval"), "specdraft_eval": record.versions.get("specdraft-eval"),
         })
     return rows
 
 
 def collect(paths: list[Path]) -> list[dict]:
-    """The leaderboard's rows. A run without baseline timing whose target is some row's draft measured that
-    draft's own accuracy: it fills those rows' ``draft_accuracy`` instead of being a row itself."""
-    rows = [row for entry in scan_results(paths) for row in rows_from_file(entry)]
+    """The leaderboard's rows: one per configuration (target, hardware, draft, γ, dynamic γ) and task, its runs
+    merged. A run without baseline timing whose target is some row's draft measured that draft's own accuracy: it
+    fills those rows' ``draft_accuracy`` instead of being a row itself."""
+    rows = [row for config in configurations(scan_results(paths)) for row in rows_from_configuration(config)]
     if not rows:
         raise SpecdecError("no specdec results found: run lm_eval --model specdec ... --output_path DIR first")
     drafts = {row["draft"] for row in rows}
@@ -106,12 +128,17 @@ def _groups(rows: list[dict]) -> dict[tuple, list[dict]]:
 
 SHOWN = [(k, h) for k, h in COLUMNS if k not in GROUPED]
 CONVENTIONS = (
+    "One row per configuration (target, hardware, draft, γ, dynamic γ) and task: its runs merged (counters summed, so "
+    "TAR and acceptance are over every run; speedup is the median over runs with min and max; tokens/s and latencies "
+    "the median; a run of draft=auto is listed under the draft it resolved to). "
     "Speedup is tokens/s over plain decoding of the same requests on the same kernels, timed in the same run. TAR is "
     "tokens emitted per verification step, the target's own token included (the founding paper's TAR, vLLM's mean "
     "acceptance length); accepted/step excludes that token; acceptance by position is accepted / drafted at draft "
     "positions 0, 1, 2, ...; accuracy is the task's metric for the target (speculative decoding does not change "
     "it), draft accuracy the same task run with the draft as the target; TAR p50 of requests is the median over "
-    "requests of each request's own TAR."
+    "requests of each request's own TAR. The published rows: `bash leaderboard/reproduce.sh NAME` reruns one "
+    "configuration (the names and their model_args are in the script; run it in the background, each job takes "
+    "minutes to half an hour on 2 CPU cores)."
 )
 PLOTS = [("tokens_per_second_vs_draft_ms.png", "tokens/s against draft latency (the founding paper's Figure 8)"),
          ("tar_vs_draft_accuracy.png", "TAR against the draft's own task accuracy (the founding paper's Figure 2)"),
@@ -150,10 +177,16 @@ HTML_HEAD = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>specdraft-eval leaderboard</title>
 <style>body{font-family:sans-serif;margin:1.5em;font-size:14px}table{border-collapse:collapse;margin-bottom:1em}
 th,td{border:1px solid #ccc;padding:3px 6px;text-align:right;white-space:nowrap}th{cursor:pointer;background:#f3f3f3}
-td.t{text-align:left}.wrap{overflow-x:auto}img{max-width:32%;margin-right:1%}p.note{max-width:70em;color:#444}</style>
+td.t{text-align:left}.wrap{overflow-x:auto}img{width:100%;max-width:1100px;display:block;margin-bottom:1em}
+p.note{max-width:70em;color:#444}</style>
 </head><body><h1>specdraft-eval leaderboard</h1>
 <p class="note">Click a column header to sort. """
 HTML_SCRIPT = """<script>
+document.getElementById('hardware').addEventListener('change', function (e) {
+  document.querySelectorAll('section.hw').forEach(function (s) {
+    s.style.display = (!e.target.value || s.getAttribute('data-hw') === e.target.value) ? '' : 'none';
+  });
+});
 document.querySelectorAll('table.board').forEach(function (table) {
   var heads = table.querySelectorAll('th');
   heads.forEach(function (th, col) {
@@ -180,6 +213,9 @@ document.querySelectorAll('table.board').forEach(function (table) {
 def html_page(rows: list[dict]) -> str:
     """One sortable table per target and hardware, the figures people compare first, then the plots."""
     out = [HTML_HEAD + html.escape(CONVENTIONS) + "</p>"]
+    hardware = sorted({hw for _, hw in _groups(rows)})
+    out.append('<p>Hardware: <select id="hardware"><option value="">all</option>'
+               + "".join(f'<option>{html.escape(hw)}</option>' for hw in hardware) + "</select></p>")
     head = "".join(f"<th>{html.escape(h)}</th>" for _, h in SHOWN)
     for (target, hw), group in _groups(rows).items():
         body = []
@@ -190,10 +226,11 @@ def html_page(rows: list[dict]) -> str:
                 css = ' class="t"' if isinstance(row[key], str) else ""
                 cells.append(f'<td{css} data-v="{html.escape(text)}">{html.escape(text)}</td>')
             body.append("<tr>" + "".join(cells) + "</tr>")
-        out += [f"<h2>{html.escape(target)} on {html.escape(hw)}</h2>",
+        out += [f'<section class="hw" data-hw="{html.escape(hw)}"><h2>{html.escape(target)} on {html.escape(hw)}</h2>',
                 f'<div class="wrap"><table class="board"><thead><tr>{head}</tr></thead><tbody>',
-                *body, "</tbody></table></div>"]
-    out += ["<h2>Plots</h2><p>"] + [f'<img src="{name}" alt="{html.escape(title)}">' for name, title in PLOTS] + ["</p>"]
+                *body, "</tbody></table></div></section>"]
+    out += ["<h2>Plots</h2>"] + [f'<p>{html.escape(title)} (click for full size)</p><a href="{name}">'
+                                 f'<img src="{name}" alt="{html.escape(title)}"></a>' for name, title in PLOTS]
     return "\n".join(out) + "\n" + HTML_SCRIPT
 
 
@@ -231,7 +268,7 @@ def plots(rows: list[dict]) -> dict[str, bytes]:
     marker = {t: "osD^v<>"[i % 7] for i, t in enumerate(tasks)}
 
     def figure():
-        fig, (ax, key) = plt.subplots(1, 2, figsize=(11, 4.8), dpi=100, gridspec_kw={"width_ratios": [2.4, 1.2]})
+        fig, (ax, key) = plt.subplots(1, 2, figsize=(13, 6), dpi=100, gridspec_kw={"width_ratios": [2.2, 1.4]})
         key.axis("off")
         return fig, ax, key
 
@@ -240,11 +277,11 @@ def plots(rows: list[dict]) -> dict[str, bytes]:
         from matplotlib.lines import Line2D
 
         first = key.legend(handles=[Line2D([], [], color=colour[d], marker="s", linestyle="", label=d)
-                                    for d in drafts if d in shown], title="draft and γ", fontsize=7,
-                           title_fontsize=8, loc="upper left", frameon=False)
+                                    for d in drafts if d in shown], title="draft and γ", fontsize=10,
+                           title_fontsize=11, loc="upper left", frameon=False)
         key.add_artist(first)
         key.legend(handles=[Line2D([], [], color="grey", marker=marker[t], linestyle="", label=t.removeprefix("specdec_"))
-                            for t in tasks], title="task", fontsize=7, title_fontsize=8, loc="lower left", frameon=False)
+                            for t in tasks], title="task", fontsize=10, title_fontsize=11, loc="lower left", frameon=False)
 
     where = f"{target} on {hw}"
     fig, ax, key = figure()
@@ -261,7 +298,7 @@ def plots(rows: list[dict]) -> dict[str, bytes]:
     ax.set_xscale("log")
     ax.set_xlabel("draft latency (ms per drafted token, log scale)")
     ax.set_ylabel("generated tokens per second")
-    ax.set_title(f"Throughput against draft latency (dotted: plain decoding)\n{where}", fontsize=9)
+    ax.set_title(f"Throughput against draft latency (dotted: plain decoding)\n{where}", fontsize=11)
     legends(key, shown)
     images = {"tokens_per_second_vs_draft_ms.png": png_bytes(fig)}
 
@@ -279,7 +316,7 @@ def plots(rows: list[dict]) -> dict[str, bytes]:
     ax.set_ylim(0.98, max([1.5] + [r["tar"] * 1.1 for r in known]))
     ax.set_xlabel("draft's own task accuracy (fraction of documents; task metric)")
     ax.set_ylabel("TAR (tokens per verification step)")
-    ax.set_title(f"TAR against the draft's own accuracy\n{where}", fontsize=9)
+    ax.set_title(f"TAR against the draft's own accuracy\n{where}", fontsize=11)
     images["tar_vs_draft_accuracy.png"] = png_bytes(fig)
 
     fig, ax, key = figure()
@@ -294,7 +331,7 @@ def plots(rows: list[dict]) -> dict[str, bytes]:
     ax.set_ylim(0, 1.05)
     if shown:
         legends(key, shown)
-    ax.set_title(f"Acceptance by draft position\n{where}", fontsize=9)
+    ax.set_title(f"Acceptance by draft position\n{where}", fontsize=11)
     images["acceptance_by_position.png"] = png_bytes(fig)
     return images
 
