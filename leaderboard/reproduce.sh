@@ -20,6 +20,8 @@ declare -A configs=(
   [layers_uniform-5]="$target,draft=layers:0+7+14+22+29,dynamic_gamma=true"
   [layers_uniform-10]="$target,draft=layers:0+3+6+9+13+16+19+22+26+29,dynamic_gamma=true"
   [smollm2-5l-distilled]="$target,draft=$drafts/smollm2-5l-distilled,dynamic_gamma=true"
+  [smollm2-5l-bi]="$target,draft=$drafts/smollm2-5l-bi,dynamic_gamma=true"  # block influence, not distilled
+  [smollm2-5l-bi-v4096]="$target,draft=$drafts/smollm2-5l-bi-v4096,dynamic_gamma=true"  # + a 4096-token head
   [eagle]="$target,draft=eagle:$drafts/smollm2-eagle,num_draft_tokens=4"
   [prompt-lookup_eagle]="$target,draft=prompt-lookup:2-3|eagle:$drafts/smollm2-eagle,num_draft_tokens=4"
   [prompt-lookup_eagle_dynamic]="$target,draft=prompt-lookup:2-3|eagle:$drafts/smollm2-eagle,num_draft_tokens=4,dynamic_gamma=true"
@@ -27,13 +29,19 @@ declare -A configs=(
   [auto]="$target,draft=auto"  # last: resolves from the runs above
 )
 order=(prompt-lookup prompt-lookup_ngram layers_0-1 layers_0-4 layers_0-9 layers_uniform-2 layers_uniform-5
-       layers_uniform-10 smollm2-5l-distilled eagle prompt-lookup_eagle
+       layers_uniform-10 smollm2-5l-distilled smollm2-5l-bi smollm2-5l-bi-v4096 eagle prompt-lookup_eagle
        prompt-lookup_eagle_dynamic as-target_smollm2-5l-distilled auto)
 names=("${@:-${order[@]}}")
 wants() { for n in "${names[@]}"; do [[ "${configs[$n]:-}" == *"$1"* ]] && return 0; done; return 1; }  # a draft the runs need
 if wants smollm2-5l-distilled && [ ! -d $drafts/smollm2-5l-distilled ]; then
   $bin/zoo prune smollm2-135m-instruct --layers 5 --distill-tokens 65536 --out $drafts/smollm2-5l-distilled
 fi
+for vocab in "" 4096; do  # the 5 layers block influence keeps, undistilled, with the full or a reduced head
+  dir=$drafts/smollm2-5l-bi${vocab:+-v$vocab}
+  if wants "$dir" && [ ! -d "$dir" ]; then
+    $bin/zoo prune smollm2-135m-instruct --layers 5 --select block-influence ${vocab:+--vocab-top $vocab} --out "$dir"
+  fi
+done
 if wants smollm2-ngram && [ ! -d $drafts/smollm2-ngram ]; then  # shipped in git
   $bin/zoo ngram smollm2-135m-instruct --out $drafts/smollm2-ngram
 fi

@@ -263,7 +263,7 @@ def plots(rows: list[dict]) -> dict[str, bytes]:
     groups = _groups(rows)
     (target, hw), main = max(groups.items(), key=lambda item: (len(item[1]), item[0]))
     drafts = sorted({_configuration(r) for r in main})
-    colour = {d: plt.get_cmap("tab10")(i % 10) for i, d in enumerate(drafts)}
+    colour = {d: plt.get_cmap("tab20")(i % 20) for i, d in enumerate(drafts)}
     tasks = sorted({r["task"] for r in main})
     marker = {t: "osD^v<>"[i % 7] for i, t in enumerate(tasks)}
 
