@@ -21,6 +21,7 @@ import json
 import math
 import os
 import random
+import shutil
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass
@@ -294,8 +295,6 @@ def train_head(model: str, out: Path, settings: HeadTraining = HeadTraining(), l
                          "minutes": round((time.perf_counter() - started) / 60, 1)}}
     with atomic_output(out, directory=True) as tmp:
         save_head(tmp, head.to(target.dtype), meta)
-    import shutil
-
     shutil.rmtree(work.path, ignore_errors=True)
     return {"out": str(out), "draft": f"eagle:{out}", "parameters": sum(p.numel() for p in trainable),
             **meta["training"]}
