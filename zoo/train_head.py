@@ -31,7 +31,6 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig
 
-from specdraft_eval import kernels
 from specdraft_eval.drafts.base import FINAL
 from specdraft_eval.drafts.eagle import EAGLE, HEAD_FILE, HEAD_FORMAT, EagleHead, HeadLayout
 from specdraft_eval.drafts.ngram import vocab_fingerprint
@@ -87,10 +86,7 @@ def new_head(target, token_ids: list[int] | None = None, seed: int = 0) -> Eagle
     vocabulary, default the target's whole one), with the target's output head rows attached."""
     torch.manual_seed(seed)
     head = EagleHead(HeadLayout(EAGLE, (FINAL,), head_config(target), token_ids), target.config.hidden_size, True)
-    full = kernels.output_weight(target)
-    rows = full[torch.tensor(token_ids)] if token_ids else full
-    head.lm_head = torch.nn.Linear(rows.shape[1], rows.shape[0], bias=False)
-    head.lm_head.weight = torch.nn.Parameter(rows.clone(), requires_grad=False)
+    head.use_target_head(target, token_ids)
     return head.to(target.device, target.dtype)
 
 

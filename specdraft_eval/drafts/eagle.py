@@ -130,6 +130,14 @@ class EagleHead(nn.Module):
         return self.layers[0](x, attention_mask=mask, position_ids=position_ids, cache=cache,
                               use_cache=cache is not None, position_embeddings=self.rotary_emb(x, position_ids))
 
+    def use_target_head(self, target, token_ids: list[int] | None) -> None:
+        """Read with ``target``'s own output head, as EAGLE does: its rows of ``token_ids`` (all rows when None),
+        shared with the target and frozen."""
+        weight = kernels.output_weight(target)
+        rows = weight[torch.as_tensor(token_ids, device=weight.device)] if token_ids else weight  # [vocab, H]
+        self.lm_head = nn.Linear(rows.shape[1], rows.shape[0], bias=False).to(rows.device, rows.dtype)
+        self.lm_head.weight = nn.Parameter(rows, requires_grad=False)
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., H] -> [..., head vocabulary]."""
         return self.lm_head(self.norm(hidden))
@@ -144,11 +152,8 @@ class EagleDrafter:
         self.vocab_size = target.config.vocab_size
         self._embed = target.get_input_embeddings()
         self._ids = torch.tensor(token_ids, dtype=torch.long, device=target.device) if token_ids else None
-        if head.lm_head is None:  # EAGLE reads with the target's output head (its rows of token_ids)
-            weight = kernels.output_weight(target)
-            rows = weight[self._ids] if self._ids is not None else weight  # [head vocabulary, hidden]
-            head.lm_head = nn.Linear(rows.shape[1], rows.shape[0], bias=False).to(rows.device, rows.dtype)
-            head.lm_head.weight = nn.Parameter(rows, requires_grad=False)
+        if head.lm_head is None:
+            head.use_target_head(target, token_ids)
         kernels.apply(head, kernels.kernels_of(target))  # the head runs the target's kernels
         self.reset()
 
