@@ -2,8 +2,9 @@
 # Rebuild the published leaderboard for smollm2-135m-instruct on this machine's CPU: build the drafts, run
 # lm_eval --model specdec for each configuration on both offline tasks (greedy, baseline timing on, the tasks'
 # own 256-token budgets, the first HE_LIMIT HumanEval and MMLU_LIMIT MMLU-CoT documents: held out from every
-# draft's build data), the distilled draft's own accuracy, then regenerate the pages.
-# Usage: leaderboard/reproduce.sh [NAME ...]   (default: every configuration; about 45 minutes on 2 cores)
+# draft's build data), the distilled draft's own accuracy, each model draft's own bits per byte on the same
+# documents (lm_NAME: the tasks' _lm variants scored with score=draft), then regenerate the pages.
+# Usage: leaderboard/reproduce.sh [NAME ...]   (default: every configuration; about 80 minutes on 2 cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=.venv/bin
@@ -16,6 +17,8 @@ declare -A configs=(
   [layers_0-4]="$target,draft=layers:0-4,dynamic_gamma=true"
   [layers_0-1]="$target,draft=layers:0-1,dynamic_gamma=true"  # layer views: first k at 2, 5, 10 layers ...
   [layers_0-9]="$target,draft=layers:0-9,dynamic_gamma=true"
+  [layers_0-19]="$target,draft=layers:0-19,num_draft_tokens=4"  # deeper views, fixed γ: TAR against LM quality
+  [layers_0-24]="$target,draft=layers:0-24,num_draft_tokens=4"
   [layers_uniform-2]="$target,draft=layers:0+29,dynamic_gamma=true"  # ... and spread uniformly over the 30
   [layers_uniform-5]="$target,draft=layers:0+7+14+22+29,dynamic_gamma=true"
   [layers_uniform-10]="$target,draft=layers:0+3+6+9+13+16+19+22+26+29,dynamic_gamma=true"
@@ -27,10 +30,17 @@ declare -A configs=(
   [prompt-lookup_eagle_dynamic]="$target,draft=prompt-lookup:2-3|eagle:$drafts/smollm2-eagle,num_draft_tokens=4,dynamic_gamma=true"
   [as-target_smollm2-5l-distilled]="pretrained=$drafts/smollm2-5l-distilled,draft=prompt-lookup"  # its accuracy
   [auto]="$target,draft=auto"  # last: resolves from the runs above
+  [lm_target]="pretrained=smollm2-135m-instruct"  # the target's own bits per byte
 )
-order=(prompt-lookup prompt-lookup_ngram layers_0-1 layers_0-4 layers_0-9 layers_uniform-2 layers_uniform-5
-       layers_uniform-10 smollm2-5l-distilled smollm2-5l-bi smollm2-5l-bi-v4096 eagle prompt-lookup_eagle
-       prompt-lookup_eagle_dynamic as-target_smollm2-5l-distilled auto)
+models=(layers_0-1 layers_0-4 layers_0-9 layers_0-19 layers_0-24 layers_uniform-2 layers_uniform-5 layers_uniform-10
+        smollm2-5l-distilled smollm2-5l-bi)
+for m in "${models[@]}"; do  # lm_NAME: NAME's draft model scored on its own (score=draft)
+  d=${configs[$m]#*draft=}; configs[lm_$m]="pretrained=smollm2-135m-instruct,draft=${d%%,*},score=draft"
+done
+order=(prompt-lookup prompt-lookup_ngram layers_0-1 layers_0-4 layers_0-9 layers_0-19 layers_0-24 layers_uniform-2
+       layers_uniform-5 layers_uniform-10 smollm2-5l-distilled smollm2-5l-bi smollm2-5l-bi-v4096 eagle
+       prompt-lookup_eagle prompt-lookup_eagle_dynamic as-target_smollm2-5l-distilled auto lm_target
+       "${models[@]/#/lm_}")
 names=("${@:-${order[@]}}")
 wants() { for n in "${names[@]}"; do [[ "${configs[$n]:-}" == *"$1"* ]] && return 0; done; return 1; }  # a draft the runs need
 if wants smollm2-5l-distilled && [ ! -d $drafts/smollm2-5l-distilled ]; then
@@ -50,7 +60,8 @@ if wants smollm2-eagle && [ ! -d $drafts/smollm2-eagle ]; then  # shipped in git
 fi
 for name in "${names[@]}"; do
   [ -n "${configs[$name]:-}" ] || { echo "reproduce.sh: unknown configuration $name: use one of ${order[*]}" >&2; exit 2; }
-  for task in specdec_humaneval:$HE_LIMIT specdec_mmlu_cot:$MMLU_LIMIT; do
+  suffix=; [[ $name == lm_* ]] && suffix=_lm  # scoring runs: the tasks' log-likelihood variants
+  for task in specdec_humaneval$suffix:$HE_LIMIT specdec_mmlu_cot$suffix:$MMLU_LIMIT; do
     $bin/lm_eval --model specdec --model_args "${configs[$name]}" --include_path tasks --tasks "${task%%:*}" \
       --limit "${task##*:}" --confirm_run_unsafe_code --output_path "leaderboard/results/$name/${task%%:*}"
   done

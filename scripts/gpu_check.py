@@ -18,7 +18,9 @@ shapes in under 2 minutes):
 5. steady decoding on the 7B shape: per-step times of plain steps and of verifying 4 tokens over a long decode,
    with a growing cache, a static cache and compiled steps (max/median shows stalls at new lengths).
 
-Writes ``gpu_check.json`` after each part and ``gpu.md`` (the tables) into ``--out``; a part that fails is
+Writes ``gpu_check.json`` after each part and ``gpu.md`` (the tables) into ``--out``, and part 1's rows with their
+latency-model fit as ``sweep.json`` (the schema of ``zoo profile --sweep --out``: copy it beside the leaderboard's
+results as ``sweep_NAME.json`` for its latency figure); a part that fails is
 recorded with its error and the next one runs. Exit code 0 when every part ran.
 """
 
@@ -146,6 +148,7 @@ def step_latency(check: Check) -> None:
         check.log(f"1 {name:36s} {rows[-1]['ms_median']:8.2f} ms ({min(samples):.2f}-{max(samples):.2f})")
     check.results["step_latency"] = {"context": 128, "rounds": check.args.rounds, "steps": check.args.steps,
                                      "attention": models[0].config._attn_implementation, "rows": rows}
+    write_sweep(check, rows)
     del models
     check.free()
 
@@ -267,6 +270,26 @@ def steady_steps(check: Check) -> None:
 
 
 PARTS = {1: step_latency, 2: verify_cost, 3: bench, 4: lm_eval_run, 5: steady_steps}
+
+
+def write_sweep(check: Check, rows: list[dict]) -> None:
+    """Part 1's rows as a ``zoo profile --sweep`` file (``sweep.json``: the rows and the latency model fitted to
+    them), which ``zoo leaderboard`` plots as latency against depth and width when it lies beside the results."""
+    from specdraft_eval.errors import SpecdecError
+    from zoo.hardware import fit_sweep
+
+    sweep = [{"group": r["shape"].split()[0] if r["shape"].split()[0] in ("depth", "width") else "named",
+              "shape": r["shape"], "layers": r["layers"], "hidden_size": r["hidden_size"],
+              "weight_bytes": r["weight_bytes"], "ms_per_token": r["ms_median"], "ms_min": r["ms_min"],
+              "ms_max": r["ms_max"]} for r in rows]
+    name = check.results["device"]
+    try:
+        fit = fit_sweep(sweep, name, name, dtype_bytes=torch.finfo(check.dtype).bits // 8)
+    except SpecdecError as exc:  # a sweep that fits no positive per-layer cost: the rows are still worth keeping
+        check.log(f"1 no fit: {exc}")
+        return
+    write_json(check.out / "sweep.json", fit.to_json())
+    check.log(f"1 {fit}")
 
 
 def _table(rows: list[dict], keys: list[str]) -> str:

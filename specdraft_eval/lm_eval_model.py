@@ -21,6 +21,7 @@ from lm_eval.models.huggingface import HFLM
 
 from specdraft_eval import kernels as kernel_paths
 from specdraft_eval.drafts import load_draft
+from specdraft_eval.drafts.model import ModelDrafter
 from specdraft_eval.engine import (
     DecodeParams,
     autoregressive_generate_batch,
@@ -39,6 +40,8 @@ from specdraft_eval.targets import ALIASES, DEFAULT_TARGET, local_dir, resolve
 
 log = logging.getLogger(__name__)
 GENERATION_KEYS = {"do_sample", "temperature", "top_k", "top_p"}
+SCORED = ("target", "draft")
+"""Which model scores log-likelihood requests (``score=``)."""
 
 
 def _excepthook(exc_type, exc, tb, _previous=sys.excepthook) -> None:
@@ -81,7 +84,9 @@ class SpecDecLM(HFLM):
     ``layers:SPEC``, a draft model, ``A|B``, or ``auto``: :func:`~specdraft_eval.recommend.recommend`, whose
     γ and dynamic γ apply unless given), ``num_draft_tokens`` (γ, default 4), ``dynamic_gamma``,
     ``baseline`` (also time plain decoding of every request, for speedup), ``seed``, ``kernels`` (``onednn``:
-    pre-packed CPU linears, the default; ``plain``: PyTorch's own), plus what ``hf`` takes.
+    pre-packed CPU linears, the default; ``plain``: PyTorch's own), ``score`` (``target``, the default, or
+    ``draft``: log-likelihood requests are scored by the draft's own model, for its language-modelling quality),
+    plus what ``hf`` takes.
     """
 
     def __init__(
@@ -97,6 +102,7 @@ class SpecDecLM(HFLM):
         use_kernels: bool = False,
         static_cache: bool = False,
         compile: bool = False,
+        score: str = "target",
         **kwargs,
     ) -> None:
         if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
@@ -106,6 +112,9 @@ class SpecDecLM(HFLM):
         self.compile = _as_bool("compile", compile)  # CUDA graphs / compiled steps, over a static cache
         self.static_cache = _as_bool("static_cache", static_cache) or self.compile
         self.seed = None if seed is None else int(seed)
+        if score not in SCORED:
+            raise SpecdecError(f"model_args score={score!r}: use score=target or score=draft")
+        self.score = score
         kernel_paths.check(kernels)
         self.target_name = pretrained if isinstance(pretrained, str) else type(pretrained).__name__
         chosen = {"draft": draft, "num_draft_tokens": 4, "dynamic_gamma": False}
@@ -134,7 +143,8 @@ class SpecDecLM(HFLM):
             if "unexpected keyword argument" not in str(exc):
                 raise
             raise SpecdecError(f"model_args: {str(exc).split(': ', 1)[-1].strip()}: specdec takes draft, num_draft_tokens, "
-                               "dynamic_gamma, baseline, seed, kernels, use_kernels, static_cache, compile and what --model hf takes") from None
+                               "dynamic_gamma, baseline, seed, kernels, use_kernels, static_cache, compile, score and "
+                               "what --model hf takes") from None
         accelerator = getattr(self, "accelerator", None)
         if accelerator is not None and accelerator.num_processes > 1 and self._world_size == 1:
             # `accelerate launch` on CPUs: lm-eval's hf model splits documents only across GPUs it counts, so each
@@ -144,6 +154,10 @@ class SpecDecLM(HFLM):
         self.draft_name = draft
         self.model.specdraft_name, self.model.specdraft_use_kernels = self.target_name, self.use_kernels
         self._drafter = load_draft(draft, self.model, self.tokenizer)
+        if self.score == "draft" and (not isinstance(self._drafter, ModelDrafter) or self._drafter.reduced_head):
+            raise SpecdecError(f"score=draft needs a draft that is a language model over the whole vocabulary; "
+                               f"{self._drafter.name!r} is not (prompt lookup, n-grams, composites, EAGLE heads and "
+                               "--vocab-top heads score no text on their own): give a layer view or a draft model")
         self._stats: dict[str, GenerationStats] = defaultdict(GenerationStats)
         # dynamic γ learns about the draft over the whole run, not again for every request
         self._gamma_controller = (GammaController.around(self.num_draft_tokens)
@@ -219,6 +233,15 @@ class SpecDecLM(HFLM):
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         return torch.tensor([r + [pad] * (width - len(r)) for r in rows], device=context.device)
 
+    def _model_call(self, inps: torch.Tensor, attn_mask: torch.Tensor | None = None,
+                    labels: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits for log-likelihood requests: the target's (HFLM's own call), or with ``score=draft`` the
+        draft's own model's, over the target's vocabulary."""
+        if self.score == "target":
+            return super()._model_call(inps, attn_mask, labels)
+        with torch.no_grad():
+            return self._drafter.model(inps).logits[..., : self._drafter.vocab_size]
+
     def _detect_batch_size(self, requests=None, pos: int = 0) -> int:
         """``--batch_size auto``: on a GPU, lm-eval's own search (the largest batch that does not run out of
         memory); on the CPU, where running out of memory swaps instead of raising, the largest batch whose target
@@ -267,7 +290,7 @@ class SpecDecLM(HFLM):
             self._mismatch_details,
             dtype=str(self.model.dtype).removeprefix("torch."),
             use_kernels=self.use_kernels,
-            runtime={"static_cache": self.static_cache, "compile": self.compile,
+            runtime={"static_cache": self.static_cache, "compile": self.compile, "score": self.score,
                      "attention": getattr(self.model.config, "_attn_implementation", None)},
         )
 

@@ -205,8 +205,12 @@ def write_calibration(calibration: Calibration) -> Path:
 def read_calibration(name: str) -> Calibration | None:
     """The calibration named ``name``, or None; an unusable one is an error naming the file."""
     path = calibration_path(name)
-    if not path.is_file():
-        return None
+    return read_calibration_file(path, name) if path.is_file() else None
+
+
+def read_calibration_file(path: Path, name: str = "NAME") -> Calibration:
+    """A calibration (or a sweep saved with ``zoo profile --sweep --out``) from ``path``; an unusable one is an
+    error naming the file."""
     data = load_json(path)
     if not isinstance(data, dict) or data.get("kind") != CALIBRATION_KIND:
         raise RecordError(f"{path}: not a zoo calibration; remove it or calibrate again")

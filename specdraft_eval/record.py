@@ -202,8 +202,9 @@ def read_results(path: Path) -> ResultsFile:
     return ResultsFile(Path(path), SpecdecRecord.from_block(block, path), data.get("results") or {}, data.get("date"))
 
 
-def scan_results(paths: list[Path]) -> list[ResultsFile]:
-    """Every usable results file under ``paths`` (folders searched for ``results_*.json``).
+def scan_results(paths: list[Path], scoring: bool = False) -> list[ResultsFile]:
+    """Every usable results file under ``paths`` (folders searched for ``results_*.json``) that decoded; with
+    ``scoring``, also runs of log-likelihood tasks only (``*_lm`` with ``score=draft``: no generation, no TAR).
 
     A file the user named that is unusable is an error; one found in a folder is skipped with a
     :class:`RecordWarning`.
@@ -220,7 +221,7 @@ def scan_results(paths: list[Path]) -> list[ResultsFile]:
                     warnings.warn(f"skipping {exc}", RecordWarning, stacklevel=2)
         else:
             raise SpecdecError(f"results path {root} does not exist: give folders written by lm_eval --output_path")
-    return found
+    return [file for file in found if scoring or file.record.per_task]
 
 
 # --- configurations across files ---------------------------------------------------------------------------

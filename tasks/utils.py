@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datasets
 
-from specdraft_eval.offline_data import ANSWER, humaneval_problems, mmlu_cot_docs
+from specdraft_eval.offline_data import ANSWER, COT_CUE, humaneval_problems, mmlu_cot_docs
 
 
 def load_humaneval(**_metadata) -> datasets.DatasetDict:
@@ -29,3 +29,16 @@ def process_mmlu_cot(doc: dict, results: list[str]) -> dict:
     """Exact match of the letter after the last "The answer is" in the generation."""
     found = ANSWER.findall(results[0])
     return {"exact_match": float(bool(found) and found[-1] == doc["answer"])}
+
+
+def worked_continuation(doc: dict) -> str:
+    """The worked answer after the chain-of-thought cue the prompt ends with."""
+    return doc["worked_answer"].removeprefix(COT_CUE)
+
+
+def process_bits_per_byte(doc: dict, results: list[tuple[float, bool]]) -> dict:
+    """The reference continuation's log-likelihood and UTF-8 length, for lm-eval's ``bits_per_byte`` aggregation
+    (summed nats over summed bytes, in bits)."""
+    loglikelihood, _ = results[0]
+    reference = doc["canonical_solution"] if "canonical_solution" in doc else worked_continuation(doc)
+    return {"bits_per_byte": (loglikelihood, len(reference.encode("utf-8")))}

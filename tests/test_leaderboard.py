@@ -17,9 +17,11 @@ from specdraft_eval.stats import GenerationStats
 
 
 def write_result(folder: Path, draft: str, tps_scale: float, task_acc: float = 0.5,
-                 target: str = "smollm2-135m-instruct", baseline: bool = True) -> Path:
+                 target: str = "smollm2-135m-instruct", baseline: bool = True, accepted: int = 12) -> Path:
+    """A results file of one run; ``accepted``: tokens accepted on HumanEval in its 10 steps (TAR 1 + accepted/10)."""
     stats = {
-        "specdec_humaneval": GenerationStats(1, 10, 30, 12, 22, 0.1, 0.3 / tps_scale, 0.5, 1.0 / tps_scale, 22, 1.2,
+        "specdec_humaneval": GenerationStats(1, 10, 30, accepted, 10 + accepted, 0.1, 0.3 / tps_scale, 0.5,
+                                             1.0 / tps_scale, 10 + accepted, 1.2,
                                              [10, 10, 10], [6, 4, 2], [4, 2, 2, 2], [2.2]),
         "specdec_mmlu_cot": GenerationStats(1, 10, 30, 6, 16, 0.1, 0.3, 0.5, 0.9, 16, 1.0,
                                             [10, 10, 10], [4, 2, 0], [6, 2, 2, 0], [1.6]),
@@ -55,7 +57,7 @@ def test_outputs_are_complete_and_deterministic(results, tmp_path):
     assert build(results, second).returncode == 0
     names = sorted(p.name for p in first.iterdir())
     assert names == ["README.md", "acceptance_by_position.png", "index.html", "leaderboard.csv",
-                     "tar_vs_draft_accuracy.png", "tokens_per_second_vs_draft_ms.png"]
+                     "speedup_vs_draft_latency.png", "tar_vs_draft_bits_per_byte.png"]
     for name in names:
         assert (first / name).read_bytes() == (second / name).read_bytes(), name
     csv_lines = (first / "leaderboard.csv").read_text().splitlines()
@@ -185,7 +187,7 @@ document.body.setAttribute('data-visible', seen.join(','));
     assert len(rows) == 6
     assert "acceptance by position" in dom
     assert 'data-visible="true,true,true"' in dom  # speedup, TAR and accuracy without scrolling at 1400x1000
-    assert all(f'<img src="{name}"' in dom for name in ("tokens_per_second_vs_draft_ms.png", "tar_vs_draft_accuracy.png"))
+    assert all(f'<img src="{name}"' in dom for name in ("speedup_vs_draft_latency.png", "tar_vs_draft_bits_per_byte.png"))
     col = [h for h in re.findall(r"<th[^>]*>(.*?)</th>", dom)].index("tokens/s")
     values = [float(re.findall(r'data-v="([^"]*)"', r)[col]) for r in rows]
     assert values == sorted(values, reverse=True) and values[0] > values[-1]
@@ -219,3 +221,76 @@ def test_one_row_per_configuration_runs_merged(results, tmp_path):
     assert build(results, out).returncode == 0
     lines = (out / "leaderboard.csv").read_text().splitlines()
     assert len(lines) == 1 + 6 and sum("prompt-lookup:3" in line for line in lines) == 2
+
+
+def write_score(folder: Path, model: str, bits: dict[str, float], as_draft: bool = True) -> Path:
+    """A scoring run (the tasks' ``_lm`` variants): ``model`` scored as the draft (``score=draft``) or the target."""
+    block = SpecdecRecord.new("smollm2-135m-instruct" if as_draft else model, model if as_draft else "prompt-lookup", 4,
+                              False, "cpu", {}, runtime={"score": "draft" if as_draft else "target"}).to_block()
+    data = {"results": {f"{task}_lm": {"bits_per_byte,none": value, "bits_per_byte_stderr,none": "N/A"}
+                        for task, value in bits.items()}, "config": {"specdec": block}, "date": 1764700000.0}
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"results_{re.sub(r'[^A-Za-z0-9]', '_', model)}.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_rank_correlation_is_spearmans_with_ties():
+    from scipy.stats import spearmanr
+
+    from zoo.leaderboard import rank_correlation
+
+    xs, ys = [3.0, 1.0, 2.0, 2.0, 5.0, 0.5], [1.0, 1.5, 1.0, 2.0, 1.0, 3.0]
+    assert rank_correlation(xs, ys) == pytest.approx(spearmanr(xs, ys).statistic)
+    assert rank_correlation([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+    assert rank_correlation([1, 2, 3], [1, 1, 1]) is None and rank_correlation([1, 2], [1, 2]) is None
+
+
+def test_scoring_runs_give_draft_bits_per_byte_and_the_rank_correlation(tmp_path):
+    """Model drafts scored on their own (score=draft) fill `draft bits/byte`; the page prints Spearman's ρ between
+    it and TAR per task and plots it; the scoring runs are not rows."""
+    from scipy.stats import spearmanr
+
+    root = tmp_path / "results"
+    drafts = {"layers:0,1": (9.0, 0), "layers:0-9": (6.0, 2), "drafts/five": (2.0, 12), "drafts/six": (3.0, 8)}
+    for draft, (bits, accepted) in drafts.items():
+        write_result(root / draft.replace("/", "_"), draft, 1.0, accepted=accepted)
+        write_score(root / f"lm_{draft.replace('/', '_')}", draft, {"specdec_humaneval": bits})
+    write_result(root / "pl", "prompt-lookup:3", 1.0, accepted=20)  # not a model: no bits/byte, no point
+    write_score(root / "lm_target", "smollm2-135m-instruct", {"specdec_humaneval": 0.3}, as_draft=False)
+    from specdraft_eval.record import scan_results
+
+    assert len(scan_results([root])) == 5 and len(scan_results([root], scoring=True)) == 10  # rank etc. skip them
+    out = tmp_path / "out"
+    assert build(root, out).returncode == 0
+    rows = list(csv.DictReader((out / "leaderboard.csv").open()))
+    assert len(rows) == 2 * 5  # five configurations, two tasks each; the scoring runs add none
+    bits = {r["draft"]: r["draft_bits_per_byte"] for r in rows if r["task"] == "specdec_humaneval"}
+    assert bits == {"layers:0,1": "9.0", "layers:0-9": "6.0", "drafts/five": "2.0", "drafts/six": "3.0",
+                    "prompt-lookup:3": ""}
+    expected = spearmanr([b for b, _ in drafts.values()], [1 + a / 10 for _, a in drafts.values()]).statistic
+    readme = (out / "README.md").read_text()
+    assert f"humaneval: ρ(bits/byte, TAR) = {expected:+.2f}" in readme and "4 drafts" in readme
+    assert "(the target itself: 0.30 bits/byte)" in readme
+    assert "mmlu_cot: ρ" not in readme  # no draft was scored on it
+    assert "ρ(bits/byte, TAR)" in (out / "index.html").read_text()
+
+
+def test_latency_sweeps_beside_the_results_are_a_table_and_a_figure(results, tmp_path):
+    """A sweep file (zoo profile --sweep --out, or gpu_check.py's part 1) adds a latency table for its hardware
+    (a choice in the page's hardware filter) and the latency-vs-depth-and-width figure."""
+    from specdraft_eval.files import write_json
+    from zoo.hardware import fit_sweep
+
+    rows = [{"group": group, "layers": layers, "hidden_size": hidden, "weight_bytes": layers * hidden * hidden * 24,
+             "ms_per_token": 1.0 + 0.6 * layers + hidden / 8192, "ms_min": 0.9, "ms_max": 30.0}
+            for group, layers, hidden in [("depth", n, 4096) for n in (1, 2, 4, 8)] + [("width", 4, 1024), ("width", 4, 8192)]]
+    write_json(results / "sweeps" / "sweep_h200.json", fit_sweep(rows, "h200", "NVIDIA H200", 2).to_json())
+    out = tmp_path / "out"
+    assert build(results, out).returncode == 0
+    assert (out / "latency_vs_depth_and_width.png").stat().st_size > 10_000
+    readme = (out / "README.md").read_text()
+    assert "## Latency by depth and width on NVIDIA H200" in readme and "latency only, no TAR" in readme
+    assert "![latency against depth and width" in readme
+    page = (out / "index.html").read_text()
+    assert "<option>NVIDIA H200</option>" in page and 'data-hw="NVIDIA H200"' in page

@@ -44,3 +44,23 @@ def test_every_task_is_indexed_and_says_whether_it_needs_the_hub():
         text = f.read_text().replace("!function", "")
         needs_hub = yaml.safe_load(text)["metadata"]["needs_hub"]
         assert needs_hub == (f.parent.name == "hub"), f
+
+
+def test_lm_variants_score_the_reference_continuation_in_bits_per_byte():
+    """The `_lm` tasks: the log-likelihood of each task's reference answer after its prompt, as (nats, bytes) for
+    lm-eval's bits_per_byte aggregation; the MMLU-CoT reference continues the prompt's cue without repeating it."""
+    import math
+
+    from lm_eval.api.metrics import bits_per_byte
+
+    humaneval, mmlu = task_utils.load_humaneval()["test"][0], task_utils.load_mmlu_cot()["test"][0]
+    continuation = task_utils.worked_continuation(mmlu)
+    assert mmlu["prompt"].endswith(task_utils.COT_CUE) and not continuation.startswith(task_utils.COT_CUE)
+    assert continuation.startswith(" ") and continuation.rstrip().endswith(f"The answer is ({mmlu['answer']}).")
+    items = [task_utils.process_bits_per_byte(humaneval, [(-10.0, False)])["bits_per_byte"],
+             task_utils.process_bits_per_byte(mmlu, [(-30.0, True)])["bits_per_byte"]]
+    assert items == [(-10.0, len(humaneval["canonical_solution"].encode())), (-30.0, len(continuation.encode()))]
+    assert bits_per_byte(items) == 40.0 / (items[0][1] + items[1][1]) / math.log(2)
+    for name in ("specdec_humaneval_lm", "specdec_mmlu_cot_lm"):
+        config = yaml.safe_load((ROOT / "tasks" / f"{name}.yaml").read_text().replace("!function", ""))
+        assert config["output_type"] == "loglikelihood" and config["target_delimiter"] == ""

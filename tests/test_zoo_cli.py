@@ -108,7 +108,8 @@ def test_profile_writes_a_profile(tiny, tmp_path):
 
 @pytest.mark.slow  # a real CLI run of some length: the full suite runs it
 def test_profile_sweep_covers_depth_and_width_and_is_fitted(tmp_path):
-    out = zoo_json("profile", "--sweep", "--repeats", "3", "--calibrate", "test-cpu",
+    sweep_file = tmp_path / "sweeps" / "sweep_cpu.json"
+    out = zoo_json("profile", "--sweep", "--repeats", "3", "--calibrate", "test-cpu", "--out", str(sweep_file),
                    env={"SPECDRAFT_EVAL_CACHE": str(tmp_path)})
     rows, fit = out["rows"], out["fit"]
     assert {r["group"] for r in rows} == {"equal params", "depth", "width"}
@@ -121,7 +122,9 @@ def test_profile_sweep_covers_depth_and_width_and_is_fitted(tmp_path):
     for r in rows:
         memory = r["weight_bytes"] / bandwidth / 1e6 if bandwidth else 0.0
         assert r["fitted_ms"] == pytest.approx(fit["step_ms"] + fit["per_layer_ms"] * r["layers"] + memory)
-    saved = json.loads(Path(fit["path"]).read_text())
+    calibration, written = map(Path, fit["paths"])
+    assert written == sweep_file and json.loads(written.read_text()) == json.loads(calibration.read_text())
+    saved = json.loads(calibration.read_text())
     assert saved["per_layer_ms"] == fit["per_layer_ms"] and saved["kind"] == "specdraft_eval.calibration"
     assert_one_line_error(run_cli("zoo", "profile", "--calibrate", "x"), "--calibrate needs --sweep")
 

@@ -126,7 +126,9 @@ def profile(
     gamma: GammaOpt = "1,2,4,8",
     context: Annotated[int, typer.Option(help="Context length (tokens) at which to time.")] = 256,
     repeats: RepeatsOpt = 16,
-    out: Annotated[Optional[Path], typer.Option(help="Profile file (default: in the cache, reused by rank).")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Profile file (default: in the cache, reused by rank); with "
+                                                "--sweep: a file for the sweep and its fit (zoo leaderboard reads "
+                                                "sweep*.json files beside results).")] = None,
     sweep: Annotated[bool, typer.Option(help="Instead: latency vs depth and width of random-weight models, and a "
                                         "fit of the latency model's per-layer cost and bandwidth to it.")] = False,
     calibrate: Annotated[Optional[str], typer.Option(help="With --sweep: store the fit as a calibration under this "
@@ -143,12 +145,13 @@ def profile(
         raise SpecdecError("--calibrate needs --sweep: the calibration is fitted to the depth/width sweep")
     settings = load_settings(device, dtype, use_kernels, kernels)
     if sweep:
-        fit, path = prof.sweep(repeats, calibrate, settings)
+        fit, paths = prof.sweep(repeats, calibrate, settings, out)
         if as_json:
-            emit({"rows": fit.rows, "fit": {**fit.to_json(), "rows": None, "path": str(path) if path else None}}, True)
+            emit({"rows": fit.rows, "fit": {**fit.to_json(), "rows": None, "paths": [str(p) for p in paths]}}, True)
             return
         emit(fit.rows, False)
-        typer.echo(str(fit) + (f"; calibration written to {path} for `zoo rank --gpu {calibrate}`" if path else ""))
+        typer.echo(str(fit) + (f"; calibration written to {paths[0]} for `zoo rank --gpu {calibrate}`" if calibrate
+                               else "") + (f"; sweep written to {out}" if out else ""))
         return
     data, path = prof.profile_target(target, drafts or ["prompt-lookup"], parse_positive_ints(gamma), context,
                                      repeats, out, settings)
@@ -308,9 +311,10 @@ def leaderboard(
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder for README.md, leaderboard.csv, index.html, PNGs.")],
     as_json: JsonOpt = False,
 ) -> None:
-    """Build the leaderboard (markdown, CSV, sortable HTML, plots) from specdec results files."""
+    """Build the leaderboard (markdown, CSV, sortable HTML, plots) from specdec results files (and latency
+    sweeps, sweep*.json, found beside them)."""
     from zoo import leaderboard as board
 
-    rows = board.collect(list(results))
-    emit({"rows": len(rows), "files": [str(p) for p in board.write(rows, out)]}, as_json)
+    rows, files = board.build(list(results), out)
+    emit({"rows": len(rows), "files": [str(p) for p in files]}, as_json)
 

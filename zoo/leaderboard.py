@@ -11,6 +11,7 @@ import html
 import io
 import re
 import statistics
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -18,13 +19,15 @@ from tabulate import tabulate
 
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.files import atomic_write
-from specdraft_eval.record import Configuration, configurations, scan_results
+from specdraft_eval.profiles import Calibration, read_calibration_file
+from specdraft_eval.record import Configuration, ResultsFile, configurations, scan_results
 from specdraft_eval.report import positions
 
 COLUMNS = [
     ("target", "target"), ("hardware", "hardware"), ("draft", "draft"), ("task", "task"),
     ("speedup", "speedup"), ("speedup_min", "speedup min"), ("speedup_max", "speedup max"), ("runs", "runs"),
     ("tar", "TAR"), ("accuracy", "accuracy"), ("draft_accuracy", "draft accuracy"),
+    ("draft_bits_per_byte", "draft bits/byte"),
     ("documents", "documents"), ("tokens_per_second", "tokens/s"), ("baseline_tokens_per_second", "plain tokens/s"),
     ("draft_ms_per_token", "draft ms/token"), ("verify_ms_per_step", "verify ms/step"),
     ("acceptance_by_position", "acceptance by position"), ("gamma", "γ"), ("dynamic_gamma", "dynamic γ"),
@@ -34,7 +37,7 @@ COLUMNS = [
 ]
 GROUPED = ("target", "hardware")  # headings of the page, not columns of its tables
 DECIMALS = {"speedup": 2, "speedup_min": 2, "speedup_max": 2, "tar": 2, "tar_p50": 2, "accepted_per_step": 2, "acceptance_rate": 2, "accuracy": 2,
-            "draft_accuracy": 2, "tokens_per_second": 1, "baseline_tokens_per_second": 1, "verify_ms_per_step": 1,
+            "draft_accuracy": 2, "draft_bits_per_byte": 2, "tokens_per_second": 1, "baseline_tokens_per_second": 1, "verify_ms_per_step": 1,
             "draft_parameters_m": 1}
 """Decimals shown: speedup and TAR to 0.01 (their run-to-run spread here is a few percent), times to 0.1 ms."""
 
@@ -88,21 +91,122 @@ def rows_from_configuration(config: Configuration) -> list[dict]:
     return rows
 
 
+LM_SUFFIX = "_lm"
+"""A task's log-likelihood variant (``tasks/*_lm.yaml``): bits per byte of the task's reference answers."""
+
+
+def lm_scores(files: list[ResultsFile]) -> dict[tuple[str, str], float]:
+    """Bits per byte by (model, task) from the scoring runs (``*_lm`` tasks; the model is the run's draft with
+    ``score=draft``, else its target), the median over runs; keyed by the generative task's name."""
+    found: dict[tuple[str, str], list[float]] = {}
+    for file in files:
+        model = file.record.draft if file.record.runtime.get("score") == "draft" else file.record.target
+        for task, metrics in file.results.items():
+            value = metrics.get("bits_per_byte,none") if isinstance(metrics, dict) else None
+            if task.endswith(LM_SUFFIX) and isinstance(value, (int, float)):
+                found.setdefault((model, task.removesuffix(LM_SUFFIX)), []).append(float(value))
+    return {key: statistics.median(values) for key, values in found.items()}
+
+
 def collect(paths: list[Path]) -> list[dict]:
     """The leaderboard's rows: one per configuration (target, hardware, draft, γ, dynamic γ) and task, its runs
     merged. A run without baseline timing whose target is some row's draft measured that draft's own accuracy: it
-    fills those rows' ``draft_accuracy`` instead of being a row itself."""
-    rows = [row for config in configurations(scan_results(paths)) for row in rows_from_configuration(config)]
+    fills those rows' ``draft_accuracy`` instead of being a row itself; a scoring run (``*_lm`` tasks) fills
+    ``draft_bits_per_byte`` (and ``target_bits_per_byte``, for the figures)."""
+    files = scan_results(paths, scoring=True)
+    rows = [row for config in configurations([f for f in files if f.record.per_task])
+            for row in rows_from_configuration(config)]
     if not rows:
         raise SpecdecError("no specdec results found: run lm_eval --model specdec ... --output_path DIR first")
     drafts = {row["draft"] for row in rows}
     as_draft = [row for row in rows if row["target"] in drafts and row["speedup"] is None]
     own = {(row["target"], row["task"]): row["accuracy"] for row in as_draft}
+    scores = lm_scores(files)
     rows = [row for row in rows if row not in as_draft] or rows
     for row in rows:
         row["draft_accuracy"] = own.get((row["draft"], row["task"]))
+        row["draft_bits_per_byte"] = scores.get((row["draft"], row["task"]))
+        row["target_bits_per_byte"] = scores.get((row["target"], row["task"]))
     return sorted(rows, key=lambda r: (r["target"], r["hardware"] or "", r["task"], -(r["speedup"] or 0),
                                        -(r["tokens_per_second"] or 0), r["draft"]))
+
+
+def read_sweeps(paths: list[Path]) -> list[Calibration]:
+    """Latency sweeps (``sweep*.json``: ``zoo profile --sweep --out`` or ``scripts/gpu_check.py``'s part 1) under
+    the results folders, by hardware name."""
+    found = [read_calibration_file(file) for root in map(Path, paths) if root.is_dir()
+             for file in sorted(root.rglob("sweep*.json"))]
+    return sorted(found, key=lambda sweep: sweep.hardware)
+
+
+def rank_correlation(xs: list[float], ys: list[float]) -> float | None:
+    """Spearman's ρ (ties share their mean rank); None for fewer than 3 points or a constant side."""
+    def ranks(values: list[float]) -> list[float]:
+        order = sorted(range(len(values)), key=values.__getitem__)
+        out = [0.0] * len(values)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                out[order[k]] = (i + j) / 2
+            i = j + 1
+        return out
+
+    if len(xs) < 3 or len(set(xs)) < 2 or len(set(ys)) < 2:
+        return None
+    return statistics.correlation(ranks(xs), ranks(ys))
+
+
+@dataclass(frozen=True)
+class LmFinding:
+    """TAR against the draft models' own language-modelling quality on one task (the founding paper's Figure 2)."""
+
+    task: str
+    points: list[dict]  # the rows with a draft bits/byte and a TAR
+    tar_rho: float | None  # Spearman ρ(bits/byte, TAR): -1 when a better LM (fewer bits) always had a higher TAR
+    first_rho: float | None  # the same against acceptance at the first draft position
+    target_bits_per_byte: float | None
+
+
+def lm_findings(rows: list[dict]) -> list[LmFinding]:
+    """Per task, the model drafts whose own bits per byte were scored, and how their TAR ranks against it."""
+    findings = []
+    for task in sorted({r["task"] for r in rows}):
+        points = sorted((r for r in rows if r["task"] == task and r["draft_bits_per_byte"] is not None
+                         and r["tar"] is not None), key=lambda r: r["draft_bits_per_byte"])
+        if not points:
+            continue
+        bits = [r["draft_bits_per_byte"] for r in points]
+        first = [(r["acceptance_rate_per_position"] or [0.0])[0] for r in points]
+        findings.append(LmFinding(task, points, rank_correlation(bits, [r["tar"] for r in points]),
+                                  rank_correlation(bits, first), points[0]["target_bits_per_byte"]))
+    return findings
+
+
+def _rho(value: float | None) -> str:
+    return "undefined" if value is None else f"{value:+.2f}"
+
+
+def findings_text(findings: list[LmFinding]) -> list[str]:
+    """Markdown lines: the rank correlations and the points behind them."""
+    if not findings:
+        return []
+    out = ["## TAR against the draft's own language-modelling quality", "",
+           "Each model draft's bits per byte on the same documents' reference answers (the task's `_lm` variant, "
+           "scored by the draft itself with `score=draft`; lower is a better language model) against its TAR as a "
+           "draft. Spearman's rank correlation (−1: the better the language model, the higher the TAR always):", ""]
+    for f in findings:
+        task = f.task.removeprefix("specdec_")
+        target = f" (the target itself: {f.target_bits_per_byte:.2f} bits/byte)" if f.target_bits_per_byte else ""
+        out.append(f"- {task}: ρ(bits/byte, TAR) = {_rho(f.tar_rho)}, ρ(bits/byte, first-position acceptance) = "
+                   f"{_rho(f.first_rho)}, {len(f.points)} drafts{target}")
+    table = [[_md(r["draft"]), r["task"].removeprefix("specdec_"), f"{r['draft_bits_per_byte']:.2f}",
+              f"{r['tar']:.2f}", positions(r["acceptance_rate_per_position"]), r["gamma"], r["dynamic_gamma"]]
+             for f in findings for r in f.points]
+    return out + ["", tabulate(table, headers=["draft", "task", "bits/byte", "TAR", "acceptance by position", "γ",
+                                               "dynamic γ"], tablefmt="github", disable_numparse=True), ""]
 
 
 def _cell(key: str, value):
@@ -135,26 +239,50 @@ CONVENTIONS = (
     "tokens emitted per verification step, the target's own token included (the founding paper's TAR, vLLM's mean "
     "acceptance length); accepted/step excludes that token; acceptance by position is accepted / drafted at draft "
     "positions 0, 1, 2, ...; accuracy is the task's metric for the target (speculative decoding does not change "
-    "it), draft accuracy the same task run with the draft as the target; TAR p50 of requests is the median over "
-    "requests of each request's own TAR. The published rows: `bash leaderboard/reproduce.sh NAME` reruns one "
-    "configuration (the names and their model_args are in the script; run it in the background, each job takes "
+    "it), draft accuracy the same task run with the draft as the target, draft bits/byte the draft model's own "
+    "bits per byte on the task's reference answers (lower: a better language model); TAR p50 of requests is the "
+    "median over requests of each request's own TAR. The published rows: `bash leaderboard/reproduce.sh NAME` reruns "
+    "one configuration (the names and their model_args are in the script; run it in the background, each job takes "
     "minutes to half an hour on 2 CPU cores)."
 )
-PLOTS = [("tokens_per_second_vs_draft_ms.png", "tokens/s against draft latency (the founding paper's Figure 8)"),
-         ("tar_vs_draft_accuracy.png", "TAR against the draft's own task accuracy (the founding paper's Figure 2)"),
-         ("acceptance_by_position.png", "acceptance by draft position")]
+SWEEP_NOTE = ("Random-weight Llama shapes (latency only, no TAR): ms per batch-1 decoding step at context 128, the "
+              "median over interleaved rounds (min-max beside), from `zoo profile --sweep --out` or "
+              "`scripts/gpu_check.py` (part 1).")
 
 
-def markdown(rows: list[dict], validation: bool = False) -> str:
-    """The leaderboard page; ``validation``: link the ``zoo validate`` plot published beside it."""
+@dataclass(frozen=True)
+class Page:
+    """Everything a page shows besides the rows: the figures (file name, title), the LM findings, the latency
+    sweeps, and whether ``zoo validate``'s plot lies beside it."""
+
+    figures: list[tuple[str, str]]
+    findings: list[LmFinding]
+    sweeps: list[Calibration]
+    validation: bool = False
+
+
+def _sweep_table(sweep: Calibration) -> list[list]:
+    return [[r.get("shape") or r["group"], r["layers"], r["hidden_size"], f"{r['ms_per_token']:.2f}",
+             f"{r.get('ms_min', r['ms_per_token']):.2f}-{r.get('ms_max', r['ms_per_token']):.2f}"] for r in sweep.rows]
+
+
+SWEEP_HEADERS = ["shape", "layers", "hidden", "ms/step", "min-max"]
+
+
+def markdown(rows: list[dict], page: Page) -> str:
+    """The leaderboard page in markdown."""
     out = ["# specdraft-eval leaderboard", "",
            "Generated by `zoo leaderboard` from the results files beside it; do not edit by hand.", ""]
     for (target, hw), group in _groups(rows).items():
         out += [f"## {target} on {hw}", "",
                 tabulate([[_md(_cell(k, r[k])) for k, _ in SHOWN] for r in group], headers=[h for _, h in SHOWN],
                          tablefmt="github", missingval="-", disable_numparse=True), ""]
-    out += ["Conventions: " + CONVENTIONS, ""] + [line for name, title in PLOTS for line in (f"![{title}]({name})", "")]
-    if validation:
+    out += ["Conventions: " + CONVENTIONS, ""] + findings_text(page.findings)
+    for sweep in page.sweeps:
+        out += [f"## Latency by depth and width on {sweep.hardware}", "", SWEEP_NOTE + f" Fit: {sweep}.", "",
+                tabulate(_sweep_table(sweep), headers=SWEEP_HEADERS, tablefmt="github", disable_numparse=True), ""]
+    out += ["## Figures", ""] + [line for name, title in page.figures for line in (f"![{title}]({name})", "")]
+    if page.validation:
         out += ["## The analytical model, checked", "",
                 "Predicted tokens/s (latencies from a separate profile, measured TAR) against measured tokens/s, "
                 "from `zoo validate` (figures in [validation.json](validation.json)):", "",
@@ -210,27 +338,49 @@ document.querySelectorAll('table.board').forEach(function (table) {
 """
 
 
-def html_page(rows: list[dict]) -> str:
-    """One sortable table per target and hardware, the figures people compare first, then the plots."""
+def _html_table(headers: list[str], body: list[list]) -> str:
+    """A sortable table: numbers right-aligned, text left."""
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    lines = []
+    for cells in body:
+        tds = []
+        for value in cells:
+            text = "-" if value is None else str(value)
+            css = "" if re.fullmatch(r"[-+0-9.]+", text) else ' class="t"'
+            tds.append(f'<td{css} data-v="{html.escape(text)}">{html.escape(text)}</td>')
+        lines.append("<tr>" + "".join(tds) + "</tr>")
+    return (f'<div class="wrap"><table class="board"><thead><tr>{head}</tr></thead><tbody>\n' + "\n".join(lines)
+            + "\n</tbody></table></div>")
+
+
+def html_page(rows: list[dict], page: Page) -> str:
+    """One sortable table per target and hardware, the LM findings, the latency sweeps (filtered by hardware with
+    the rows), then the figures."""
     out = [HTML_HEAD + html.escape(CONVENTIONS) + "</p>"]
-    hardware = sorted({hw for _, hw in _groups(rows)})
+    hardware = sorted({hw for _, hw in _groups(rows)} | {sweep.hardware for sweep in page.sweeps})
     out.append('<p>Hardware: <select id="hardware"><option value="">all</option>'
                + "".join(f'<option>{html.escape(hw)}</option>' for hw in hardware) + "</select></p>")
-    head = "".join(f"<th>{html.escape(h)}</th>" for _, h in SHOWN)
     for (target, hw), group in _groups(rows).items():
-        body = []
-        for row in group:
-            cells = []
-            for key, _ in SHOWN:
-                text = "-" if row[key] is None else str(_cell(key, row[key]))
-                css = ' class="t"' if isinstance(row[key], str) else ""
-                cells.append(f'<td{css} data-v="{html.escape(text)}">{html.escape(text)}</td>')
-            body.append("<tr>" + "".join(cells) + "</tr>")
+        body = [[None if row[key] is None else _cell(key, row[key]) for key, _ in SHOWN] for row in group]
         out += [f'<section class="hw" data-hw="{html.escape(hw)}"><h2>{html.escape(target)} on {html.escape(hw)}</h2>',
-                f'<div class="wrap"><table class="board"><thead><tr>{head}</tr></thead><tbody>',
-                *body, "</tbody></table></div></section>"]
-    out += ["<h2>Plots</h2>"] + [f'<p>{html.escape(title)} (click for full size)</p><a href="{name}">'
-                                 f'<img src="{name}" alt="{html.escape(title)}"></a>' for name, title in PLOTS]
+                _html_table([h for _, h in SHOWN], body), "</section>"]
+    if page.findings:
+        lines = findings_text(page.findings)
+        out += [f"<h2>{html.escape(lines[0].removeprefix('## '))}</h2>", f'<p class="note">{html.escape(lines[2])}</p>',
+                "<ul>" + "".join(f"<li>{html.escape(line.removeprefix('- '))}</li>" for line in lines
+                                 if line.startswith("- ")) + "</ul>",
+                _html_table(["draft", "task", "bits/byte", "TAR", "acceptance by position", "γ", "dynamic γ"],
+                            [[r["draft"], r["task"].removeprefix("specdec_"), f"{r['draft_bits_per_byte']:.2f}",
+                              f"{r['tar']:.2f}", positions(r["acceptance_rate_per_position"]), r["gamma"],
+                              r["dynamic_gamma"]] for f in page.findings for r in f.points])]
+    for sweep in page.sweeps:
+        out += [f'<section class="hw" data-hw="{html.escape(sweep.hardware)}"><h2>Latency by depth and width on '
+                f'{html.escape(sweep.hardware)}</h2><p class="note">{html.escape(SWEEP_NOTE)} Fit: '
+                f'{html.escape(str(sweep))}.</p>', _html_table(SWEEP_HEADERS, _sweep_table(sweep)), "</section>"]
+    figures = page.figures + ([("validation.png", "predicted against measured tokens/s (zoo validate)")]
+                              if page.validation else [])
+    out += ["<h2>Figures</h2>"] + [f'<p>{html.escape(title)} (click for full size)</p><a href="{name}">'
+                                   f'<img src="{name}" alt="{html.escape(title)}"></a>' for name, title in figures]
     return "\n".join(out) + "\n" + HTML_SCRIPT
 
 
@@ -251,17 +401,30 @@ def _configuration(row: dict) -> str:
     return f"{draft} γ{row['gamma']}" + (" dynamic" if row["dynamic_gamma"] == "yes" else "")
 
 
-def plots(rows: list[dict]) -> dict[str, bytes]:
-    """The PNGs by file name, for the target and hardware with the most rows: tokens/s against draft latency,
-    TAR against the draft's own accuracy, acceptance by position. A colour per draft, a marker per task, keys in
+def _main(rows: list[dict]) -> tuple[str, list[dict]]:
+    """The target and hardware with the most rows (the figures' subject): its name and rows."""
+    (target, hw), main = max(_groups(rows).items(), key=lambda item: (len(item[1]), item[0]))
+    return f"{target} on {hw}", main
+
+
+ANALYTICAL_TARS = (1.25, 1.5, 2.0, 2.5, 3.0)
+"""The TAR of each analytical-model curve on the speedup figure."""
+
+
+def plots(rows: list[dict], findings: list[LmFinding], sweeps: list[Calibration]) -> dict[str, tuple[str, bytes]]:
+    """The figures by file name, each with its title, for the target and hardware with the most rows: speedup
+    against draft cost with the analytical model's curves, TAR against the draft's own bits per byte, acceptance by
+    position, and (given sweeps) latency against depth and width. A colour per draft, a marker per task, keys in
     legends (no text at points)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
-    groups = _groups(rows)
-    (target, hw), main = max(groups.items(), key=lambda item: (len(item[1]), item[0]))
+    from specdraft_eval.analytical import predicted_speedup
+
+    where, main = _main(rows)
     drafts = sorted({_configuration(r) for r in main})
     colour = {d: plt.get_cmap("tab20")(i % 20) for i, d in enumerate(drafts)}
     tasks = sorted({r["task"] for r in main})
@@ -274,50 +437,71 @@ def plots(rows: list[dict]) -> dict[str, bytes]:
 
     def legends(key, shown: set[str]) -> None:
         """Keys beside the plot: colour = draft and γ, marker = task."""
-        from matplotlib.lines import Line2D
-
         first = key.legend(handles=[Line2D([], [], color=colour[d], marker="s", linestyle="", label=d)
                                     for d in drafts if d in shown], title="draft and γ", fontsize=10,
                            title_fontsize=11, loc="upper left", frameon=False)
         key.add_artist(first)
         key.legend(handles=[Line2D([], [], color="grey", marker=marker[t], linestyle="", label=t.removeprefix("specdec_"))
-                            for t in tasks], title="task", fontsize=10, title_fontsize=11, loc="lower left", frameon=False)
+                            for t in tasks], title="task", fontsize=10, title_fontsize=11,
+                   loc="lower left", frameon=False)
 
-    where = f"{target} on {hw}"
+    images: dict[str, tuple[str, bytes]] = {}
     fig, ax, key = figure()
-    shown = set()
-    for row in main:
-        if row["draft_ms_per_token"] is not None and row["tokens_per_second"] is not None:
-            ax.scatter(row["draft_ms_per_token"], row["tokens_per_second"], color=colour[_configuration(row)],
-                       marker=marker[row["task"]], s=40)
-            shown.add(_configuration(row))
-    for task in tasks:
-        plain = [r["baseline_tokens_per_second"] for r in main if r["task"] == task and r["baseline_tokens_per_second"]]
-        if plain:
-            ax.axhline(sorted(plain)[len(plain) // 2], color="grey", linestyle=":", linewidth=1)
-    ax.set_xscale("log")
-    ax.set_xlabel("draft latency (ms per drafted token, log scale)")
-    ax.set_ylabel("generated tokens per second")
-    ax.set_title(f"Throughput against draft latency (dotted: plain decoding)\n{where}", fontsize=11)
-    legends(key, shown)
-    images = {"tokens_per_second_vs_draft_ms.png": png_bytes(fig)}
+    timed = [r for r in main if r["draft_ms_per_token"] and r["baseline_tokens_per_second"] and r["speedup"]]
+    for row in timed:
+        plain_ms = 1000 / row["baseline_tokens_per_second"]
+        ax.scatter(row["draft_ms_per_token"] / plain_ms, row["speedup"], color=colour[_configuration(row)],
+                   marker=marker[row["task"]], s=40, zorder=3)
+    curves = []
+    if timed:
+        # the model's curves at γ 4, verification costing what it cost these runs relative to a plain step
+        verify = statistics.median(r["verify_ms_per_step"] * r["baseline_tokens_per_second"] / 1000 for r in timed
+                                   if r["verify_ms_per_step"])
+        low = min(0.001, min(r["draft_ms_per_token"] * r["baseline_tokens_per_second"] / 1000 for r in timed))
+        high = max(2.0, 1.5 * max(r["draft_ms_per_token"] * r["baseline_tokens_per_second"] / 1000 for r in timed))
+        xs = [low * (high / low) ** (i / 99) for i in range(100)]
+        for i, tar in enumerate(ANALYTICAL_TARS):
+            style = {"color": "black", "alpha": 0.3 + 0.14 * i, "linewidth": 1, "linestyle": "--"}
+            ax.plot(xs, [predicted_speedup(tar, 4, x, verify, 1.0) for x in xs], **style)
+            curves.append(Line2D([], [], **style, label=f"TAR {tar:g}, γ 4"))
+        ax.set_xscale("log")
+        ax.set_ylim(0, max(2.5, max(r["speedup"] for r in timed) * 1.1))
+    ax.axhline(1.0, color="grey", linestyle=":", linewidth=1)
+    ax.set_xlabel("draft cost: ms per drafted token / ms per plain target step (log scale)")
+    ax.set_ylabel("speedup over plain decoding (same run)")
+    ax.set_title("Speedup against draft latency; dashed: the analytical model TAR / (γ·c + v), v = verify / plain "
+                 f"step ({verify if timed else 0:.2f} here)\n{where}", fontsize=11)
+    if curves:
+        ax.legend(handles=curves, title="analytical model", fontsize=9, title_fontsize=10, loc="upper right",
+                  frameon=False)
+    legends(key, {_configuration(r) for r in timed})
+    images["speedup_vs_draft_latency.png"] = (
+        "speedup against draft latency, with the analytical model's curves (the founding paper's Figure 8)", png_bytes(fig))
 
     fig, ax, key = figure()
-    known = [r for r in main if r["draft_accuracy"] is not None and r["tar"] is not None]
-    for row in known:
-        ax.scatter(row["draft_accuracy"], row["tar"], color=colour[_configuration(row)], marker=marker[row["task"]], s=40)
-    if known:
-        legends(key, {_configuration(r) for r in known})
-        high = max(r["draft_accuracy"] for r in known)
-        ax.set_xlim(-0.02, max(0.25, high * 1.2))
+    points = [r for f in findings for r in f.points]
+    for row in points:
+        ax.scatter(row["draft_bits_per_byte"], row["tar"], color=colour[_configuration(row)], marker=marker[row["task"]],
+                   s=40)
+    for f in findings:
+        if f.target_bits_per_byte:
+            ax.axvline(f.target_bits_per_byte, color="grey", linestyle=":", linewidth=1)
+    if points:
+        legends(key, {_configuration(r) for r in points})
+        ax.invert_xaxis()  # better language models to the right
+        ax.set_ylim(0.95, max(1.5, max(r["tar"] for r in points) * 1.1))
+        rho = "; ".join(f"{f.task.removeprefix('specdec_')} ρ = {_rho(f.tar_rho)} ({len(f.points)} drafts)"
+                        for f in findings)
     else:
-        ax.text(0.5, 0.5, "no draft accuracies known yet:\nevaluate a draft as a target to add it",
+        ax.text(0.5, 0.5, "no draft bits per byte yet:\nscore a draft with the _lm tasks and score=draft",
                 ha="center", va="center", transform=ax.transAxes)
-    ax.set_ylim(0.98, max([1.5] + [r["tar"] * 1.1 for r in known]))
-    ax.set_xlabel("draft's own task accuracy (fraction of documents; task metric)")
+        rho = "no points"
+    ax.set_xlabel("draft's own bits per byte on the task's reference answers (better language model to the right; "
+                  "dotted: the target)")
     ax.set_ylabel("TAR (tokens per verification step)")
-    ax.set_title(f"TAR against the draft's own accuracy\n{where}", fontsize=11)
-    images["tar_vs_draft_accuracy.png"] = png_bytes(fig)
+    ax.set_title(f"TAR against the draft's language-modelling quality; Spearman {rho}\n{where}", fontsize=11)
+    images["tar_vs_draft_bits_per_byte.png"] = (
+        "TAR against the draft's own language-modelling quality (the founding paper's Figure 2)", png_bytes(fig))
 
     fig, ax, key = figure()
     shown = set()
@@ -332,15 +516,61 @@ def plots(rows: list[dict]) -> dict[str, bytes]:
     if shown:
         legends(key, shown)
     ax.set_title(f"Acceptance by draft position\n{where}", fontsize=11)
-    images["acceptance_by_position.png"] = png_bytes(fig)
+    images["acceptance_by_position.png"] = ("acceptance by draft position", png_bytes(fig))
+    if sweeps:
+        images["latency_vs_depth_and_width.png"] = ("latency against depth and width (random-weight shapes, latency "
+                                                    "only; the founding paper's Figure 4)", _sweep_figure(sweeps))
     return images
 
 
-def write(rows: list[dict], out: Path) -> list[Path]:
+def _sweep_figure(sweeps: list[Calibration]) -> bytes:
+    """Two panels per the founding paper's latency figure: ms per step against depth (at the sweep's most common
+    width) and against width (at 4 layers), a line per hardware, log scales."""
+    import matplotlib.pyplot as plt
+
+    fig, (depth, width) = plt.subplots(1, 2, figsize=(13, 5.5), dpi=100)
+    for i, sweep in enumerate(sweeps):
+        colour = plt.get_cmap("tab10")(i % 10)
+        deep = [r for r in sweep.rows if r["group"] == "depth"]
+        widths = statistics.mode(r["hidden_size"] for r in deep) if deep else None
+        for ax, chosen, x in ((depth, sorted((r for r in sweep.rows if r["hidden_size"] == widths),
+                                             key=lambda r: r["layers"]), "layers"),
+                              (width, sorted((r for r in sweep.rows if r["layers"] == 4), key=lambda r: r["hidden_size"]),
+                               "hidden_size")):
+            if not chosen:
+                continue
+            ax.errorbar([r[x] for r in chosen], [r["ms_per_token"] for r in chosen],
+                        yerr=[[r["ms_per_token"] - r.get("ms_min", r["ms_per_token"]) for r in chosen],
+                              [r.get("ms_max", r["ms_per_token"]) - r["ms_per_token"] for r in chosen]],
+                        marker="o", color=colour, capsize=3,
+                        label=f"{sweep.hardware}" + (f" (width {widths})" if ax is depth else " (4 layers)"))
+    for ax, label in ((depth, "decoder layers"), (width, "hidden size")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel(label + " (log scale)")
+        ax.set_ylabel("ms per batch-1 step (log scale)")
+        ax.legend(fontsize=10, frameon=False)
+    depth.set_title("Latency against depth", fontsize=11)
+    width.set_title("Latency against width", fontsize=11)
+    fig.suptitle("Random-weight Llama shapes, context 128: latency only (no TAR)", fontsize=11)
+    return png_bytes(fig)
+
+
+def write(rows: list[dict], out: Path, sweeps: list[Calibration] | None = None) -> list[Path]:
     """Render every output first, then write each file atomically into ``out``."""
-    files = {"README.md": markdown(rows, (out / "validation.png").is_file()), "leaderboard.csv": csv_text(rows),
-             "index.html": html_page(rows),
-             **plots(rows)}
+    _, main = _main(rows)
+    findings = lm_findings(main)
+    images = plots(rows, findings, sweeps or [])
+    page = Page([(name, title) for name, (title, _) in images.items()], findings, sweeps or [],
+                (out / "validation.png").is_file())
+    files = {"README.md": markdown(rows, page), "leaderboard.csv": csv_text(rows), "index.html": html_page(rows, page),
+             **{name: data for name, (_, data) in images.items()}}
     for name, data in sorted(files.items()):
         atomic_write(out / name, data)
     return [out / name for name in sorted(files)]
+
+
+def build(paths: list[Path], out: Path) -> tuple[list[dict], list[Path]]:
+    """``zoo leaderboard``: the rows and sweeps found under ``paths``, written into ``out``."""
+    rows = collect(paths)
+    return rows, write(rows, out, read_sweeps(paths))

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from specdraft_eval.errors import SpecdecError
+from specdraft_eval.files import write_json
 from specdraft_eval.kernels import kernels_of
 from specdraft_eval.environment import ModelFacts, default_device, hardware
 from specdraft_eval.profiles import (
@@ -189,16 +190,22 @@ def ensure_profile(target, target_name: str, drafters: list, gammas: list[int], 
     return measure_and_write(target, target_name, missing, gammas, context, repeats, path)[0]
 
 
-def sweep(repeats: int, calibrate: str | None, settings: LoadSettings) -> tuple[Calibration, Path | None]:
+def sweep(repeats: int, calibrate: str | None, settings: LoadSettings,
+          out: Path | None = None) -> tuple[Calibration, list[Path]]:
     """Run :func:`width_depth_sweep` on ``settings``' device and dtype and fit the latency model to it; with
-    ``calibrate``, store the fit under that name for ``zoo rank --gpu NAME`` (its path is returned)."""
+    ``calibrate``, store the fit under that name for ``zoo rank --gpu NAME``; with ``out``, also write it there
+    (the leaderboard's latency figure reads such files). Returns the fit and the paths written."""
     from zoo.hardware import fit_sweep
 
     dtype = getattr(torch, settings.dtype)
     rows = width_depth_sweep(repeats, device=settings.device, dtype=dtype)
     fit = fit_sweep(rows, calibrate or hardware(settings.device), hardware(settings.device),
                     dtype_bytes=torch.finfo(dtype).bits // 8)
-    return fit, write_calibration(fit) if calibrate else None
+    paths = [write_calibration(fit)] if calibrate else []
+    if out is not None:
+        write_json(out, fit.to_json())
+        paths.append(out)
+    return fit, paths
 
 
 def profile_target(target_name: str, drafts: list[str], gammas: list[int], context: int, repeats: int,
