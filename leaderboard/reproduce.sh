@@ -22,7 +22,10 @@ declare -A configs=(
   [layers_uniform-2]="$target,draft=layers:0+29,dynamic_gamma=true"  # ... and spread uniformly over the 30
   [layers_uniform-5]="$target,draft=layers:0+7+14+22+29,dynamic_gamma=true"
   [layers_uniform-10]="$target,draft=layers:0+3+6+9+13+16+19+22+26+29,dynamic_gamma=true"
+  [layers_bi-10]="$target,draft=layers:0-1+8+20-24+28-29,dynamic_gamma=true"  # the 10 block influence keeps (at 2:
+  # 0+29, the same as uniform-2; at 5: smollm2-5l-bi below)
   [smollm2-5l-distilled]="$target,draft=$drafts/smollm2-5l-distilled,dynamic_gamma=true"
+  [smollm2-10l-distilled]="$target,draft=$drafts/smollm2-10l-distilled,dynamic_gamma=true"
   [smollm2-5l-bi]="$target,draft=$drafts/smollm2-5l-bi,dynamic_gamma=true"  # block influence, not distilled
   [smollm2-5l-bi-v4096]="$target,draft=$drafts/smollm2-5l-bi-v4096,dynamic_gamma=true"  # + a 4096-token head
   [eagle]="$target,draft=eagle:$drafts/smollm2-eagle,num_draft_tokens=4"
@@ -33,18 +36,22 @@ declare -A configs=(
   [lm_target]="pretrained=smollm2-135m-instruct"  # the target's own bits per byte
 )
 models=(layers_0-1 layers_0-4 layers_0-9 layers_0-19 layers_0-24 layers_uniform-2 layers_uniform-5 layers_uniform-10
-        smollm2-5l-distilled smollm2-5l-bi)
+        layers_bi-10 smollm2-5l-distilled smollm2-10l-distilled smollm2-5l-bi)
 for m in "${models[@]}"; do  # lm_NAME: NAME's draft model scored on its own (score=draft)
   d=${configs[$m]#*draft=}; configs[lm_$m]="pretrained=smollm2-135m-instruct,draft=${d%%,*},score=draft"
 done
+configs[sweep]="zoo profile --sweep"  # latency by depth and width on this machine (random weights)
 order=(prompt-lookup prompt-lookup_ngram layers_0-1 layers_0-4 layers_0-9 layers_0-19 layers_0-24 layers_uniform-2
-       layers_uniform-5 layers_uniform-10 smollm2-5l-distilled smollm2-5l-bi smollm2-5l-bi-v4096 eagle
-       prompt-lookup_eagle prompt-lookup_eagle_dynamic as-target_smollm2-5l-distilled auto lm_target
-       "${models[@]/#/lm_}")
+       layers_uniform-5 layers_uniform-10 layers_bi-10 smollm2-5l-distilled smollm2-10l-distilled smollm2-5l-bi
+       smollm2-5l-bi-v4096 eagle prompt-lookup_eagle prompt-lookup_eagle_dynamic as-target_smollm2-5l-distilled auto
+       lm_target "${models[@]/#/lm_}" sweep)
 names=("${@:-${order[@]}}")
 wants() { for n in "${names[@]}"; do [[ "${configs[$n]:-}" == *"$1"* ]] && return 0; done; return 1; }  # a draft the runs need
-if wants smollm2-5l-distilled && [ ! -d $drafts/smollm2-5l-distilled ]; then
+if wants smollm2-5l-distilled && [ ! -d $drafts/smollm2-5l-distilled ]; then  # 8 minutes here
   $bin/zoo prune smollm2-135m-instruct --layers 5 --distill-tokens 65536 --out $drafts/smollm2-5l-distilled
+fi
+if wants smollm2-10l-distilled && [ ! -d $drafts/smollm2-10l-distilled ]; then
+  $bin/zoo prune smollm2-135m-instruct --layers 10 --distill-tokens 98304 --out $drafts/smollm2-10l-distilled
 fi
 for vocab in "" 4096; do  # the 5 layers block influence keeps, undistilled, with the full or a reduced head
   dir=$drafts/smollm2-5l-bi${vocab:+-v$vocab}
@@ -60,6 +67,10 @@ if wants smollm2-eagle && [ ! -d $drafts/smollm2-eagle ]; then  # shipped in git
 fi
 for name in "${names[@]}"; do
   [ -n "${configs[$name]:-}" ] || { echo "reproduce.sh: unknown configuration $name: use one of ${order[*]}" >&2; exit 2; }
+  if [ "$name" = sweep ]; then
+    $bin/zoo profile --sweep --repeats 5 --out leaderboard/results/sweeps/sweep_cpu.json
+    continue
+  fi
   suffix=; [[ $name == lm_* ]] && suffix=_lm  # scoring runs: the tasks' log-likelihood variants
   for task in specdec_humaneval$suffix:$HE_LIMIT specdec_mmlu_cot$suffix:$MMLU_LIMIT; do
     $bin/lm_eval --model specdec --model_args "${configs[$name]}" --include_path tasks --tasks "${task%%:*}" \

@@ -24,13 +24,14 @@ from specdraft_eval.record import Configuration, ResultsFile, configurations, sc
 from specdraft_eval.report import positions
 
 COLUMNS = [
-    ("target", "target"), ("hardware", "hardware"), ("draft", "draft"), ("task", "task"),
+    ("target", "target"), ("hardware", "hardware"), ("draft", "draft"), ("task", "task"), ("gamma", "γ"),
+    ("dynamic_gamma", "dynamic γ"),
     ("speedup", "speedup"), ("speedup_min", "speedup min"), ("speedup_max", "speedup max"), ("runs", "runs"),
     ("tar", "TAR"), ("accuracy", "accuracy"), ("draft_accuracy", "draft accuracy"),
     ("draft_bits_per_byte", "draft bits/byte"),
     ("documents", "documents"), ("tokens_per_second", "tokens/s"), ("baseline_tokens_per_second", "plain tokens/s"),
     ("draft_ms_per_token", "draft ms/token"), ("verify_ms_per_step", "verify ms/step"),
-    ("acceptance_by_position", "acceptance by position"), ("gamma", "γ"), ("dynamic_gamma", "dynamic γ"),
+    ("acceptance_by_position", "acceptance by position"),
     ("tar_p50", "TAR p50 of requests"), ("accepted_per_step", "accepted/step"),
     ("acceptance_rate", "acceptance rate"), ("draft_parameters_m", "draft params (M)"),
     ("draft_layers", "draft layers"), ("date", "date"), ("lm_eval", "lm-eval"), ("specdraft_eval", "specdraft-eval"),
@@ -421,6 +422,7 @@ def plots(rows: list[dict], findings: list[LmFinding], sweeps: list[Calibration]
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
+    from matplotlib.ticker import MaxNLocator
 
     from specdraft_eval.analytical import predicted_speedup
 
@@ -455,8 +457,8 @@ def plots(rows: list[dict], findings: list[LmFinding], sweeps: list[Calibration]
     curves = []
     if timed:
         # the model's curves at γ 4, verification costing what it cost these runs relative to a plain step
-        verify = statistics.median(r["verify_ms_per_step"] * r["baseline_tokens_per_second"] / 1000 for r in timed
-                                   if r["verify_ms_per_step"])
+        verify = statistics.median([r["verify_ms_per_step"] * r["baseline_tokens_per_second"] / 1000 for r in timed
+                                    if r["verify_ms_per_step"]] or [1.0])
         low = min(0.001, min(r["draft_ms_per_token"] * r["baseline_tokens_per_second"] / 1000 for r in timed))
         high = max(2.0, 1.5 * max(r["draft_ms_per_token"] * r["baseline_tokens_per_second"] / 1000 for r in timed))
         xs = [low * (high / low) ** (i / 99) for i in range(100)]
@@ -488,18 +490,25 @@ def plots(rows: list[dict], findings: list[LmFinding], sweeps: list[Calibration]
             ax.axvline(f.target_bits_per_byte, color="grey", linestyle=":", linewidth=1)
     if points:
         legends(key, {_configuration(r) for r in points})
+        ax.set_xscale("log")
+        shown_bits = [r["draft_bits_per_byte"] for r in points] + [f.target_bits_per_byte for f in findings
+                                                                   if f.target_bits_per_byte]
+        ticks = [t for t in (0.2, 0.5, 1, 2, 5, 10, 20, 50, 100) if min(shown_bits) / 1.5 <= t <= max(shown_bits) * 1.5]
+        ax.set_xticks(ticks, labels=[f"{t:g}" for t in ticks])
+        ax.minorticks_off()
         ax.invert_xaxis()  # better language models to the right
         ax.set_ylim(0.95, max(1.5, max(r["tar"] for r in points) * 1.1))
-        rho = "; ".join(f"{f.task.removeprefix('specdec_')} ρ = {_rho(f.tar_rho)} ({len(f.points)} drafts)"
+        rho = "; ".join(f"{f.task.removeprefix('specdec_')} {_rho(f.tar_rho)} ({len(f.points)} drafts)"
                         for f in findings)
     else:
         ax.text(0.5, 0.5, "no draft bits per byte yet:\nscore a draft with the _lm tasks and score=draft",
                 ha="center", va="center", transform=ax.transAxes)
         rho = "no points"
-    ax.set_xlabel("draft's own bits per byte on the task's reference answers (better language model to the right; "
-                  "dotted: the target)")
+    ax.set_xlabel("draft's own bits per byte on the task's reference answers (log scale; better language model to "
+                  "the right; dotted: the target)")
     ax.set_ylabel("TAR (tokens per verification step)")
-    ax.set_title(f"TAR against the draft's language-modelling quality; Spearman {rho}\n{where}", fontsize=11)
+    ax.set_title(f"TAR against the draft's language-modelling quality\nSpearman ρ(bits/byte, TAR): {rho}\n{where}",
+                 fontsize=11)
     images["tar_vs_draft_bits_per_byte.png"] = (
         "TAR against the draft's own language-modelling quality (the founding paper's Figure 2)", png_bytes(fig))
 
@@ -510,6 +519,7 @@ def plots(rows: list[dict], findings: list[LmFinding], sweeps: list[Calibration]
         if rates:
             ax.plot(range(len(rates)), rates, marker=marker[row["task"]], color=colour[_configuration(row)], linewidth=1)
             shown.add(_configuration(row))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("draft position (0-based)")
     ax.set_ylabel("accepted / drafted at the position")
     ax.set_ylim(0, 1.05)
