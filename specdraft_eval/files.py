@@ -34,7 +34,8 @@ def cache_root() -> Path:
 @contextmanager
 def atomic_output(path: Path, directory: bool = False) -> Iterator[Path]:
     """Yield a temporary file or folder beside ``path``; on success it replaces ``path`` in one rename, on any
-    error or interruption it is removed, so ``path`` is never half-written."""
+    error or interruption it is removed, so ``path`` is never half-written. Files in a folder get the umask's
+    permissions (writers such as safetensors' create theirs 0600, which would hide a published draft)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     umask = os.umask(0)
@@ -49,6 +50,9 @@ def atomic_output(path: Path, directory: bool = False) -> Iterator[Path]:
         tmp.chmod(0o666 & ~umask)  # mkstemp's 0600 would hide a published page or profile from other users
     try:
         yield tmp
+        for file in tmp.rglob("*") if directory else ():
+            if file.is_file():
+                file.chmod(0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)

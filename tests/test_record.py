@@ -151,6 +151,23 @@ def test_atomic_write_leaves_nothing_behind_on_failure(tmp_path):
     assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["f.json"]
 
 
+def test_an_atomic_folder_gets_the_umasks_permissions_whatever_its_writers_used(tmp_path):
+    """mkdtemp makes 0700 and safetensors writes 0600: a published draft must be readable by others."""
+    import os
+
+    from specdraft_eval.files import atomic_output
+
+    previous = os.umask(0o022)
+    try:
+        with atomic_output(tmp_path / "draft", directory=True) as tmp:
+            (tmp / "model.safetensors").write_bytes(b"x")
+            (tmp / "model.safetensors").chmod(0o600)
+    finally:
+        os.umask(previous)
+    assert (tmp_path / "draft").stat().st_mode & 0o777 == 0o755
+    assert (tmp_path / "draft" / "model.safetensors").stat().st_mode & 0o777 == 0o644
+
+
 # --- unusable files: one line naming the file, in every reader ---------------------------------------------
 
 

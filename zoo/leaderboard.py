@@ -197,7 +197,9 @@ def findings_text(findings: list[LmFinding]) -> list[str]:
     out = ["## TAR against the draft's own language-modelling quality", "",
            "Each model draft's bits per byte on the same documents' reference answers (the task's `_lm` variant, "
            "scored by the draft itself with `score=draft`; lower is a better language model) against its TAR as a "
-           "draft. Spearman's rank correlation (−1: the better the language model, the higher the TAR always):", ""]
+           "draft (with dynamic γ, steps where γ backed off to 0 count TAR 1: first-position acceptance, over drafted "
+           "tokens only, measures the draft itself). Spearman's rank correlation (−1: the better the language model, "
+           "the higher the TAR, always):", ""]
     for f in findings:
         task = f.task.removeprefix("specdec_")
         target = f" (the target itself: {f.target_bits_per_byte:.2f} bits/byte)" if f.target_bits_per_byte else ""
@@ -534,19 +536,19 @@ def plots(rows: list[dict], findings: list[LmFinding], sweeps: list[Calibration]
 
 
 def _sweep_figure(sweeps: list[Calibration]) -> bytes:
-    """Two panels per the founding paper's latency figure: ms per step against depth (at the sweep's most common
-    width) and against width (at 4 layers), a line per hardware, log scales."""
+    """Two panels per the founding paper's latency figure: ms per step against depth (the sweep's depth rows, at
+    their width) and against width (its rows at 4 layers), a line per hardware, log scales."""
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
     fig, (depth, width) = plt.subplots(1, 2, figsize=(13, 5.5), dpi=100)
     for i, sweep in enumerate(sweeps):
         colour = plt.get_cmap("tab10")(i % 10)
-        deep = [r for r in sweep.rows if r["group"] == "depth"]
+        deep = sorted((r for r in sweep.rows if r["group"] == "depth"), key=lambda r: r["layers"])
         widths = statistics.mode(r["hidden_size"] for r in deep) if deep else None
-        for ax, chosen, x in ((depth, sorted((r for r in sweep.rows if r["hidden_size"] == widths),
-                                             key=lambda r: r["layers"]), "layers"),
-                              (width, sorted((r for r in sweep.rows if r["layers"] == 4), key=lambda r: r["hidden_size"]),
-                               "hidden_size")):
+        wide = sorted((r for r in sweep.rows if r["layers"] == 4 and r["group"] in ("depth", "width")),
+                      key=lambda r: r["hidden_size"])
+        for ax, chosen, x in ((depth, deep, "layers"), (width, wide, "hidden_size")):
             if not chosen:
                 continue
             ax.errorbar([r[x] for r in chosen], [r["ms_per_token"] for r in chosen],
@@ -554,9 +556,14 @@ def _sweep_figure(sweeps: list[Calibration]) -> bytes:
                               [r.get("ms_max", r["ms_per_token"]) - r["ms_per_token"] for r in chosen]],
                         marker="o", color=colour, capsize=3,
                         label=f"{sweep.hardware}" + (f" (width {widths})" if ax is depth else " (4 layers)"))
+    plain = FuncFormatter(lambda value, _: f"{value:g}")
     for ax, label in ((depth, "decoder layers"), (width, "hidden size")):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_minor_locator(NullLocator())
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_major_formatter(plain)
         ax.set_xlabel(label + " (log scale)")
         ax.set_ylabel("ms per batch-1 step (log scale)")
         ax.legend(fontsize=10, frameon=False)

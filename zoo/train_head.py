@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import shutil
 import time
@@ -99,9 +98,6 @@ def save_head(directory: Path, head: EagleHead, meta: dict) -> None:
     state = {k: v.detach().cpu().to(torch.float16 if v.dtype == torch.float32 else v.dtype).contiguous()
              for k, v in head.state_dict().items() if not k.startswith(("lm_head.", "rotary_emb."))}
     save_file(state, str(directory / "model.safetensors"))
-    umask = os.umask(0)
-    os.umask(umask)
-    (directory / "model.safetensors").chmod(0o666 & ~umask)  # the writer's 0600 would hide a shared head
     config = head.config.to_dict()
     config.update(architectures=["LlamaForCausalLM"], bias=head.fc.bias is not None)
     (directory / "config.json").write_text(json.dumps(config, indent=1, default=str))
