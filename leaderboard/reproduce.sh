@@ -14,6 +14,7 @@ target=pretrained=smollm2-135m-instruct,baseline=true
 declare -A configs=(
   [prompt-lookup]="$target,draft=prompt-lookup,num_draft_tokens=4"
   [prompt-lookup_ngram]="$target,draft=prompt-lookup:2-3|$drafts/smollm2-ngram,num_draft_tokens=4"
+  [ngram]="$target,draft=$drafts/smollm2-ngram,num_draft_tokens=4"  # the n-gram draft alone
   [layers_0-4]="$target,draft=layers:0-4,dynamic_gamma=true"
   [layers_0-1]="$target,draft=layers:0-1,dynamic_gamma=true"  # layer views: first k at 2, 5, 10 layers ...
   [layers_0-9]="$target,draft=layers:0-9,dynamic_gamma=true"
@@ -41,7 +42,7 @@ for m in "${models[@]}"; do  # lm_NAME: NAME's draft model scored on its own (sc
   d=${configs[$m]#*draft=}; configs[lm_$m]="pretrained=smollm2-135m-instruct,draft=${d%%,*},score=draft"
 done
 configs[sweep]="zoo profile --sweep"  # latency by depth and width on this machine (random weights)
-order=(prompt-lookup prompt-lookup_ngram layers_0-1 layers_0-4 layers_0-9 layers_0-19 layers_0-24 layers_uniform-2
+order=(prompt-lookup ngram prompt-lookup_ngram layers_0-1 layers_0-4 layers_0-9 layers_0-19 layers_0-24 layers_uniform-2
        layers_uniform-5 layers_uniform-10 layers_bi-10 smollm2-5l-distilled smollm2-10l-distilled smollm2-5l-bi
        smollm2-5l-bi-v4096 eagle prompt-lookup_eagle prompt-lookup_eagle_dynamic as-target_smollm2-5l-distilled auto
        lm_target "${models[@]/#/lm_}" sweep)

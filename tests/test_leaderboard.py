@@ -70,6 +70,7 @@ def test_outputs_are_complete_and_deterministic(results, tmp_path):
     readme = (first / "README.md").read_text()
     assert "## smollm2-135m-instruct on CPU" in readme
     assert "| 0.60 0.40 0.20  " in readme and "| 0.40 0.20 0.00  " in readme  # acceptance by position
+    assert "| layers:0-4 " in readme and "\"layers:0,1,2,3,4\"" in "\n".join(csv_lines)  # ranges for people, ids in CSV
 
 
 def test_a_drafts_own_run_fills_its_accuracy_column_and_figures_are_rounded(results, tmp_path):

@@ -205,15 +205,33 @@ def findings_text(findings: list[LmFinding]) -> list[str]:
         target = f" (the target itself: {f.target_bits_per_byte:.2f} bits/byte)" if f.target_bits_per_byte else ""
         out.append(f"- {task}: ρ(bits/byte, TAR) = {_rho(f.tar_rho)}, ρ(bits/byte, first-position acceptance) = "
                    f"{_rho(f.first_rho)}, {len(f.points)} drafts{target}")
-    table = [[_md(r["draft"]), r["task"].removeprefix("specdec_"), f"{r['draft_bits_per_byte']:.2f}",
+    table = [[_md(short_draft(r["draft"])), r["task"].removeprefix("specdec_"), f"{r['draft_bits_per_byte']:.2f}",
               f"{r['tar']:.2f}", positions(r["acceptance_rate_per_position"]), r["gamma"], r["dynamic_gamma"]]
              for f in findings for r in f.points]
     return out + ["", tabulate(table, headers=["draft", "task", "bits/byte", "TAR", "acceptance by position", "γ",
                                                "dynamic γ"], tablefmt="github", disable_numparse=True), ""]
 
 
+def _ranges(match: re.Match) -> str:
+    ids = [int(i) for i in match.group(1).split(",")]
+    parts, start = [], ids[0]
+    for previous, current in zip(ids, [*ids[1:], None]):
+        if current != previous + 1:
+            parts.append(str(start) if start == previous else f"{start}-{previous}")
+            start = current
+    return "layers:" + "+".join(parts)
+
+
+def short_draft(name: str) -> str:
+    """A draft's name for people: a layer view's list as ranges (``layers:0,1,2,29`` -> ``layers:0-2+29``)."""
+    return re.sub(r"layers:(\d+(?:,\d+)*)", _ranges, name)
+
+
 def _cell(key: str, value):
-    """``value`` rounded to what the measurement supports (for people: markdown and HTML)."""
+    """``value`` rounded to what the measurement supports, a draft's layer list as ranges (for people: markdown
+    and HTML)."""
+    if key == "draft":
+        return short_draft(value)
     if isinstance(value, float):
         if key in DECIMALS:
             return f"{value:.{DECIMALS[key]}f}"
@@ -373,7 +391,7 @@ def html_page(rows: list[dict], page: Page) -> str:
                 "<ul>" + "".join(f"<li>{html.escape(line.removeprefix('- '))}</li>" for line in lines
                                  if line.startswith("- ")) + "</ul>",
                 _html_table(["draft", "task", "bits/byte", "TAR", "acceptance by position", "γ", "dynamic γ"],
-                            [[r["draft"], r["task"].removeprefix("specdec_"), f"{r['draft_bits_per_byte']:.2f}",
+                            [[short_draft(r["draft"]), r["task"].removeprefix("specdec_"), f"{r['draft_bits_per_byte']:.2f}",
                               f"{r['tar']:.2f}", positions(r["acceptance_rate_per_position"]), r["gamma"],
                               r["dynamic_gamma"]] for f in page.findings for r in f.points])]
     for sweep in page.sweeps:
@@ -400,7 +418,7 @@ def png_bytes(fig) -> bytes:
 
 def _configuration(row: dict) -> str:
     """A plot key: the draft (folders dropped from paths) with its γ, e.g. ``prompt-lookup:3 γ4 dynamic``."""
-    draft = re.sub(r"[^|:]*/", "", row["draft"])
+    draft = re.sub(r"[^|:]*/", "", short_draft(row["draft"]))
     return f"{draft} γ{row['gamma']}" + (" dynamic" if row["dynamic_gamma"] == "yes" else "")
 
 
