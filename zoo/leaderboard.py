@@ -441,6 +441,7 @@ def plots(rows: list[dict], findings: list[LmFinding], sweeps: list[Calibration]
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.legend import Legend
     from matplotlib.lines import Line2D
     from matplotlib.ticker import MaxNLocator
 
@@ -457,15 +458,14 @@ def plots(rows: list[dict], findings: list[LmFinding], sweeps: list[Calibration]
         key.axis("off")
         return fig, ax, key
 
-    def legends(key, shown: set[str]) -> None:
-        """Keys beside the plot: colour = draft and γ, marker = task."""
-        first = key.legend(handles=[Line2D([], [], color=colour[d], marker="s", linestyle="", label=d)
-                                    for d in drafts if d in shown], title="draft and γ", fontsize=10,
-                           title_fontsize=11, loc="upper left", frameon=False)
-        key.add_artist(first)
-        key.legend(handles=[Line2D([], [], color="grey", marker=marker[t], linestyle="", label=t.removeprefix("specdec_"))
-                            for t in tasks], title="task", fontsize=10, title_fontsize=11,
-                   loc="lower left", frameon=False)
+    def legends(ax, key, shown: set[str], where_tasks: str) -> None:
+        """Keys: colour = draft and γ beside the plot, marker = task in the plot's empty corner ``where_tasks``."""
+        key.legend(handles=[Line2D([], [], color=colour[d], marker="s", linestyle="", label=d)
+                            for d in drafts if d in shown], title="draft and γ", fontsize=10 if len(shown) <= 20 else 8,
+                   title_fontsize=11, loc="upper left", frameon=False)
+        handles = [Line2D([], [], color="grey", marker=marker[t], linestyle="") for t in tasks]
+        ax.add_artist(Legend(ax, handles, [t.removeprefix("specdec_") for t in tasks], title="task", fontsize=10,
+                             title_fontsize=11, loc=where_tasks, frameon=False))  # beside any legend ax has
 
     images: dict[str, tuple[str, bytes]] = {}
     fig, ax, key = figure()
@@ -491,12 +491,12 @@ def plots(rows: list[dict], findings: list[LmFinding], sweeps: list[Calibration]
     ax.axhline(1.0, color="grey", linestyle=":", linewidth=1)
     ax.set_xlabel("draft cost: ms per drafted token / ms per plain target step (log scale)")
     ax.set_ylabel("speedup over plain decoding (same run)")
-    ax.set_title("Speedup against draft latency; dashed: the analytical model TAR / (γ·c + v), v = verify / plain "
-                 f"step ({verify if timed else 0:.2f} here)\n{where}", fontsize=11)
+    ax.set_title("Speedup against draft latency\ndashed: the analytical model TAR / (γ·c + v), c = draft cost, "
+                 f"v = verify / plain step ({verify if timed else 0:.2f} here)\n{where}", fontsize=11)
     if curves:
         ax.legend(handles=curves, title="analytical model", fontsize=9, title_fontsize=10, loc="upper right",
                   frameon=False)
-    legends(key, {_configuration(r) for r in timed})
+    legends(ax, key, {_configuration(r) for r in timed}, "lower left")
     images["speedup_vs_draft_latency.png"] = (
         "speedup against draft latency, with the analytical model's curves (the founding paper's Figure 8)", png_bytes(fig))
 
@@ -509,7 +509,7 @@ def plots(rows: list[dict], findings: list[LmFinding], sweeps: list[Calibration]
         if f.target_bits_per_byte:
             ax.axvline(f.target_bits_per_byte, color="grey", linestyle=":", linewidth=1)
     if points:
-        legends(key, {_configuration(r) for r in points})
+        legends(ax, key, {_configuration(r) for r in points}, "upper left")
         ax.set_xscale("log")
         shown_bits = [r["draft_bits_per_byte"] for r in points] + [f.target_bits_per_byte for f in findings
                                                                    if f.target_bits_per_byte]
@@ -524,7 +524,7 @@ def plots(rows: list[dict], findings: list[LmFinding], sweeps: list[Calibration]
         ax.text(0.5, 0.5, "no draft bits per byte yet:\nscore a draft with the _lm tasks and score=draft",
                 ha="center", va="center", transform=ax.transAxes)
         rho = "no points"
-    ax.set_xlabel("draft's own bits per byte on the task's reference answers (log scale; better language model to "
+    ax.set_xlabel("draft's own bits per byte on the task's reference answers\n(log scale; better language model to "
                   "the right; dotted: the target)")
     ax.set_ylabel("TAR (tokens per verification step)")
     ax.set_title(f"TAR against the draft's language-modelling quality\nSpearman ρ(bits/byte, TAR): {rho}\n{where}",
@@ -544,7 +544,7 @@ def plots(rows: list[dict], findings: list[LmFinding], sweeps: list[Calibration]
     ax.set_ylabel("accepted / drafted at the position")
     ax.set_ylim(0, 1.05)
     if shown:
-        legends(key, shown)
+        legends(ax, key, shown, "upper right")
     ax.set_title(f"Acceptance by draft position\n{where}", fontsize=11)
     images["acceptance_by_position.png"] = ("acceptance by draft position", png_bytes(fig))
     if sweeps:
