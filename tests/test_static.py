@@ -94,7 +94,8 @@ def test_specdec_records_its_runtime(tmp_path):
     tiny = save_tiny(tmp_path / "tiny")
     lm = lm_eval_model.SpecDecLM(pretrained=str(tiny), draft="prompt-lookup", device="cpu", static_cache="true")
     runtime = lm.specdec_info()["runtime"]
-    assert runtime == {"static_cache": True, "compile": False, "attention": lm.model.config._attn_implementation}
+    assert runtime == {"static_cache": True, "compile": False, "attention": lm.model.config._attn_implementation,
+                       "score": "target"}
     chosen = lm_eval_model.SpecDecLM(pretrained=str(tiny), draft="prompt-lookup", device="cpu",
                                      attn_implementation="eager")  # the switch: as with --model hf
     assert chosen.specdec_info()["runtime"]["attention"] == "eager"
