@@ -27,6 +27,8 @@ declare -A configs=(
   # 0+29, the same as uniform-2; at 5: smollm2-5l-bi below)
   [smollm2-5l-distilled]="$target,draft=$drafts/smollm2-5l-distilled,dynamic_gamma=true"
   [smollm2-10l-distilled]="$target,draft=$drafts/smollm2-10l-distilled,dynamic_gamma=true"
+  [smollm2-5l-distilled_fixed]="$target,draft=$drafts/smollm2-5l-distilled,num_draft_tokens=4"  # fixed γ: the
+  [smollm2-10l-distilled_fixed]="$target,draft=$drafts/smollm2-10l-distilled,num_draft_tokens=4"  # drafts' own TAR
   [smollm2-5l-bi]="$target,draft=$drafts/smollm2-5l-bi,dynamic_gamma=true"  # block influence, not distilled
   [smollm2-5l-bi-v4096]="$target,draft=$drafts/smollm2-5l-bi-v4096,dynamic_gamma=true"  # + a 4096-token head
   [eagle]="$target,draft=eagle:$drafts/smollm2-eagle,num_draft_tokens=4"
@@ -43,8 +45,8 @@ for m in "${models[@]}"; do  # lm_NAME: NAME's draft model scored on its own (sc
 done
 configs[sweep]="zoo profile --sweep"  # latency by depth and width on this machine (random weights)
 order=(prompt-lookup ngram prompt-lookup_ngram layers_0-1 layers_0-4 layers_0-9 layers_0-19 layers_0-24 layers_uniform-2
-       layers_uniform-5 layers_uniform-10 layers_bi-10 smollm2-5l-distilled smollm2-10l-distilled smollm2-5l-bi
-       smollm2-5l-bi-v4096 eagle prompt-lookup_eagle prompt-lookup_eagle_dynamic as-target_smollm2-5l-distilled auto
+       layers_uniform-5 layers_uniform-10 layers_bi-10 smollm2-5l-distilled smollm2-10l-distilled smollm2-5l-distilled_fixed
+       smollm2-10l-distilled_fixed smollm2-5l-bi smollm2-5l-bi-v4096 eagle prompt-lookup_eagle prompt-lookup_eagle_dynamic as-target_smollm2-5l-distilled auto
        lm_target "${models[@]/#/lm_}" sweep)
 names=("${@:-${order[@]}}")
 wants() { for n in "${names[@]}"; do [[ "${configs[$n]:-}" == *"$1"* ]] && return 0; done; return 1; }  # a draft the runs need

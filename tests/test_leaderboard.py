@@ -17,7 +17,8 @@ from specdraft_eval.stats import GenerationStats
 
 
 def write_result(folder: Path, draft: str, tps_scale: float, task_acc: float = 0.5,
-                 target: str = "smollm2-135m-instruct", baseline: bool = True, accepted: int = 12) -> Path:
+                 target: str = "smollm2-135m-instruct", baseline: bool = True, accepted: int = 12,
+                 dynamic: bool = False) -> Path:
     """A results file of one run; ``accepted``: tokens accepted on HumanEval in its 10 steps (TAR 1 + accepted/10)."""
     stats = {
         "specdec_humaneval": GenerationStats(1, 10, 30, accepted, 10 + accepted, 0.1, 0.3 / tps_scale, 0.5,
@@ -29,12 +30,12 @@ def write_result(folder: Path, draft: str, tps_scale: float, task_acc: float = 0
     if not baseline:
         for figures in stats.values():
             figures.baseline_tokens, figures.baseline_seconds = 0, 0.0
-    block = SpecdecRecord.new(target, draft, 3, False, "cpu", stats).to_block()
+    block = SpecdecRecord.new(target, draft, 3, dynamic, "cpu", stats).to_block()
     data = {"results": {"specdec_humaneval": {"alias": "x", "pass@1,none": task_acc, "pass@1_stderr,none": 0.1},
                         "specdec_mmlu_cot": {"exact_match,none": 0.25}},
             "config": {"specdec": block}, "date": 1764700000.0}
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"results_{re.sub(r'[^A-Za-z0-9]', '_', target + draft)}.json"
+    path = folder / f"results_{re.sub(r'[^A-Za-z0-9]', '_', target + draft)}{'_dynamic' if dynamic else ''}.json"
     path.write_text(json.dumps(data))
     return path
 
@@ -258,15 +259,17 @@ def test_scoring_runs_give_draft_bits_per_byte_and_the_rank_correlation(tmp_path
         write_result(root / draft.replace("/", "_"), draft, 1.0, accepted=accepted)
         write_score(root / f"lm_{draft.replace('/', '_')}", draft, {"specdec_humaneval": bits})
     write_result(root / "pl", "prompt-lookup:3", 1.0, accepted=20)  # not a model: no bits/byte, no point
+    write_result(root / "five-dynamic", "drafts/five", 1.0, accepted=0, dynamic=True)  # a second row, not a point
     write_score(root / "lm_target", "smollm2-135m-instruct", {"specdec_humaneval": 0.3}, as_draft=False)
     from specdraft_eval.record import scan_results
 
-    assert len(scan_results([root])) == 5 and len(scan_results([root], scoring=True)) == 10  # rank etc. skip them
+    assert len(scan_results([root])) == 6 and len(scan_results([root], scoring=True)) == 11  # rank etc. skip them
     out = tmp_path / "out"
     assert build(root, out).returncode == 0
     rows = list(csv.DictReader((out / "leaderboard.csv").open()))
-    assert len(rows) == 2 * 5  # five configurations, two tasks each; the scoring runs add none
-    bits = {r["draft"]: r["draft_bits_per_byte"] for r in rows if r["task"] == "specdec_humaneval"}
+    assert len(rows) == 2 * 6  # five configurations, two tasks each; the scoring runs add none
+    bits = {r["draft"]: r["draft_bits_per_byte"] for r in rows if r["task"] == "specdec_humaneval"
+            and r["dynamic_gamma"] == "no"}
     assert bits == {"layers:0,1": "9.0", "layers:0-9": "6.0", "drafts/five": "2.0", "drafts/six": "3.0",
                     "prompt-lookup:3": ""}
     expected = spearmanr([b for b, _ in drafts.values()], [1 + a / 10 for _, a in drafts.values()]).statistic

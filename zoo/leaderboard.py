@@ -172,11 +172,15 @@ class LmFinding:
 
 
 def lm_findings(rows: list[dict]) -> list[LmFinding]:
-    """Per task, the model drafts whose own bits per byte were scored, and how their TAR ranks against it."""
+    """Per task, the model drafts whose own bits per byte were scored, and how their TAR ranks against it: one point
+    per draft, its fixed-γ row where it has one (dynamic γ's TAR counts the steps it backed off to plain decoding)."""
     findings = []
     for task in sorted({r["task"] for r in rows}):
-        points = sorted((r for r in rows if r["task"] == task and r["draft_bits_per_byte"] is not None
-                         and r["tar"] is not None), key=lambda r: r["draft_bits_per_byte"])
+        chosen: dict[str, dict] = {}
+        for row in sorted((r for r in rows if r["task"] == task and r["draft_bits_per_byte"] is not None
+                           and r["tar"] is not None), key=lambda r: (r["dynamic_gamma"] == "no", -r["gamma"])):
+            chosen[row["draft"]] = row  # the last wins: fixed γ over dynamic, then the smallest γ
+        points = sorted(chosen.values(), key=lambda r: r["draft_bits_per_byte"])
         if not points:
             continue
         bits = [r["draft_bits_per_byte"] for r in points]
