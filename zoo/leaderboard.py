@@ -304,7 +304,7 @@ def markdown(rows: list[dict], page: Page) -> str:
                          tablefmt="github", missingval="-", disable_numparse=True), ""]
     out += ["Conventions: " + CONVENTIONS, ""] + findings_text(page.findings)
     for sweep in page.sweeps:
-        out += [f"## Latency by depth and width on {sweep.hardware}", "", SWEEP_NOTE + f" Fit: {sweep}.", "",
+        out += [f"## Latency by depth and width on {sweep.hardware}", "", SWEEP_NOTE + f" The latency model's {sweep}.", "",
                 tabulate(_sweep_table(sweep), headers=SWEEP_HEADERS, tablefmt="github", disable_numparse=True), ""]
     out += ["## Figures", ""] + [line for name, title in page.figures for line in (f"![{title}]({name})", "")]
     if page.validation:
@@ -400,7 +400,7 @@ def html_page(rows: list[dict], page: Page) -> str:
                               r["dynamic_gamma"]] for f in page.findings for r in f.points])]
     for sweep in page.sweeps:
         out += [f'<section class="hw" data-hw="{html.escape(sweep.hardware)}"><h2>Latency by depth and width on '
-                f'{html.escape(sweep.hardware)}</h2><p class="note">{html.escape(SWEEP_NOTE)} Fit: '
+                f'{html.escape(sweep.hardware)}</h2><p class="note">{html.escape(SWEEP_NOTE)} The latency model\'s '
                 f'{html.escape(str(sweep))}.</p>', _html_table(SWEEP_HEADERS, _sweep_table(sweep)), "</section>"]
     figures = page.figures + ([("validation.png", "predicted against measured tokens/s (zoo validate)")]
                               if page.validation else [])
