@@ -194,26 +194,39 @@ def _rho(value: float | None) -> str:
     return "undefined" if value is None else f"{value:+.2f}"
 
 
+FINDINGS_TITLE = "TAR against the draft's own language-modelling quality"
+FINDINGS_INTRO = (
+    "Each model draft's bits per byte on the same documents' reference answers (the task's `_lm` variant, scored by "
+    "the draft itself with `score=draft`; lower is a better language model) against its TAR as a draft (with dynamic "
+    "γ, steps where γ backed off to 0 count TAR 1: first-position acceptance, over drafted tokens only, measures the "
+    "draft itself). Spearman's rank correlation (−1: the better the language model, the higher the TAR, always):")
+FINDINGS_HEADERS = ["draft", "task", "bits/byte", "TAR", "acceptance by position", "γ", "dynamic γ"]
+
+
+def _finding_lines(findings: list[LmFinding]) -> list[str]:
+    """One line per task: its rank correlations."""
+    lines = []
+    for f in findings:
+        target = f" (the target itself: {f.target_bits_per_byte:.2f} bits/byte)" if f.target_bits_per_byte else ""
+        lines.append(f"{f.task.removeprefix('specdec_')}: ρ(bits/byte, TAR) = {_rho(f.tar_rho)}, ρ(bits/byte, "
+                     f"first-position acceptance) = {_rho(f.first_rho)}, {len(f.points)} drafts{target}")
+    return lines
+
+
+def _finding_rows(findings: list[LmFinding]) -> list[list]:
+    """The points behind the correlations, as table cells (:data:`FINDINGS_HEADERS`)."""
+    return [[short_draft(r["draft"]), r["task"].removeprefix("specdec_"), f"{r['draft_bits_per_byte']:.2f}",
+             f"{r['tar']:.2f}", positions(r["acceptance_rate_per_position"]), r["gamma"], r["dynamic_gamma"]]
+            for f in findings for r in f.points]
+
+
 def findings_text(findings: list[LmFinding]) -> list[str]:
     """Markdown lines: the rank correlations and the points behind them."""
     if not findings:
         return []
-    out = ["## TAR against the draft's own language-modelling quality", "",
-           "Each model draft's bits per byte on the same documents' reference answers (the task's `_lm` variant, "
-           "scored by the draft itself with `score=draft`; lower is a better language model) against its TAR as a "
-           "draft (with dynamic γ, steps where γ backed off to 0 count TAR 1: first-position acceptance, over drafted "
-           "tokens only, measures the draft itself). Spearman's rank correlation (−1: the better the language model, "
-           "the higher the TAR, always):", ""]
-    for f in findings:
-        task = f.task.removeprefix("specdec_")
-        target = f" (the target itself: {f.target_bits_per_byte:.2f} bits/byte)" if f.target_bits_per_byte else ""
-        out.append(f"- {task}: ρ(bits/byte, TAR) = {_rho(f.tar_rho)}, ρ(bits/byte, first-position acceptance) = "
-                   f"{_rho(f.first_rho)}, {len(f.points)} drafts{target}")
-    table = [[_md(short_draft(r["draft"])), r["task"].removeprefix("specdec_"), f"{r['draft_bits_per_byte']:.2f}",
-              f"{r['tar']:.2f}", positions(r["acceptance_rate_per_position"]), r["gamma"], r["dynamic_gamma"]]
-             for f in findings for r in f.points]
-    return out + ["", tabulate(table, headers=["draft", "task", "bits/byte", "TAR", "acceptance by position", "γ",
-                                               "dynamic γ"], tablefmt="github", disable_numparse=True), ""]
+    table = [[_md(cell) for cell in row] for row in _finding_rows(findings)]
+    return (["## " + FINDINGS_TITLE, "", FINDINGS_INTRO, ""] + [f"- {line}" for line in _finding_lines(findings)]
+            + ["", tabulate(table, headers=FINDINGS_HEADERS, tablefmt="github", disable_numparse=True), ""])
 
 
 def _ranges(match: re.Match) -> str:
@@ -390,14 +403,9 @@ def html_page(rows: list[dict], page: Page) -> str:
         out += [f'<section class="hw" data-hw="{html.escape(hw)}"><h2>{html.escape(target)} on {html.escape(hw)}</h2>',
                 _html_table([h for _, h in SHOWN], body), "</section>"]
     if page.findings:
-        lines = findings_text(page.findings)
-        out += [f"<h2>{html.escape(lines[0].removeprefix('## '))}</h2>", f'<p class="note">{html.escape(lines[2])}</p>',
-                "<ul>" + "".join(f"<li>{html.escape(line.removeprefix('- '))}</li>" for line in lines
-                                 if line.startswith("- ")) + "</ul>",
-                _html_table(["draft", "task", "bits/byte", "TAR", "acceptance by position", "γ", "dynamic γ"],
-                            [[short_draft(r["draft"]), r["task"].removeprefix("specdec_"), f"{r['draft_bits_per_byte']:.2f}",
-                              f"{r['tar']:.2f}", positions(r["acceptance_rate_per_position"]), r["gamma"],
-                              r["dynamic_gamma"]] for f in page.findings for r in f.points])]
+        out += [f"<h2>{html.escape(FINDINGS_TITLE)}</h2>", f'<p class="note">{html.escape(FINDINGS_INTRO)}</p>',
+                "<ul>" + "".join(f"<li>{html.escape(line)}</li>" for line in _finding_lines(page.findings)) + "</ul>",
+                _html_table(FINDINGS_HEADERS, _finding_rows(page.findings))]
     for sweep in page.sweeps:
         out += [f'<section class="hw" data-hw="{html.escape(sweep.hardware)}"><h2>Latency by depth and width on '
                 f'{html.escape(sweep.hardware)}</h2><p class="note">{html.escape(SWEEP_NOTE)} The latency model\'s '
