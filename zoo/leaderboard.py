@@ -482,17 +482,20 @@ def plots(rows: list[dict], findings: list[LmFinding], sweeps: list[Calibration]
     images: dict[str, tuple[str, bytes]] = {}
     fig, ax, key = figure()
     timed = [r for r in main if r["draft_ms_per_token"] and r["baseline_tokens_per_second"] and r["speedup"]]
-    for row in timed:
-        plain_ms = 1000 / row["baseline_tokens_per_second"]
-        ax.scatter(row["draft_ms_per_token"] / plain_ms, row["speedup"], color=colour[_configuration(row)],
-                   marker=marker[row["task"]], s=40, zorder=3)
+
+    def in_plain_steps(row: dict, key: str) -> float:
+        """``row[key]`` (ms) as a fraction of the row's plain decoding step."""
+        return row[key] * row["baseline_tokens_per_second"] / 1000
+
+    cost = [in_plain_steps(row, "draft_ms_per_token") for row in timed]
+    for row, c in zip(timed, cost):
+        ax.scatter(c, row["speedup"], color=colour[_configuration(row)], marker=marker[row["task"]], s=40, zorder=3)
     curves = []
     if timed:
         # the model's curves at γ 4, verification costing what it cost these runs relative to a plain step
-        verify = statistics.median([r["verify_ms_per_step"] * r["baseline_tokens_per_second"] / 1000 for r in timed
-                                    if r["verify_ms_per_step"]] or [1.0])
-        low = min(0.001, min(r["draft_ms_per_token"] * r["baseline_tokens_per_second"] / 1000 for r in timed))
-        high = max(2.0, 1.5 * max(r["draft_ms_per_token"] * r["baseline_tokens_per_second"] / 1000 for r in timed))
+        verify = statistics.median([in_plain_steps(r, "verify_ms_per_step") for r in timed if r["verify_ms_per_step"]]
+                                   or [1.0])
+        low, high = min(0.001, min(cost)), max(2.0, 1.5 * max(cost))
         xs = [low * (high / low) ** (i / 99) for i in range(100)]
         for i, tar in enumerate(ANALYTICAL_TARS):
             style = {"color": "black", "alpha": 0.3 + 0.14 * i, "linewidth": 1, "linestyle": "--"}
