@@ -22,11 +22,11 @@ from pathlib import Path
 import torch
 
 from specdraft_eval.drafts import load_draft
-from specdraft_eval.engine import autoregressive_generate
+from specdraft_eval.engine.loop import autoregressive_generate
+from specdraft_eval.engine.sampling import Sampler
 from specdraft_eval.files import atomic_write
-from specdraft_eval.offline_data import task_prompts
-from specdraft_eval.sampling import Sampler
-from specdraft_eval.targets import load_target
+from specdraft_eval.integration.offline_data import task_prompts
+from specdraft_eval.models.targets import load_target
 
 SAMPLER = Sampler(False, 1.0, 0, 1.0, None)
 STOPS = {"specdec_humaneval": ["\nclass", "\ndef", "\n#", "\nif", "\nprint"], "specdec_mmlu_cot": ["\n\nQ:", "\nQ:"]}

@@ -30,8 +30,8 @@ import argparse
 import gc
 import glob
 import json
-import statistics
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -44,8 +44,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from specdraft_eval.environment import hardware, versions  # noqa: E402
 from specdraft_eval.files import atomic_write, write_json  # noqa: E402
+from specdraft_eval.measure.environment import hardware, versions  # noqa: E402
 
 DEPTHS = (1, 2, 4, 8, 16, 32)
 WIDTHS = (1024, 2048, 4096, 8192)
@@ -105,7 +105,11 @@ class Check:
 
             path = self.args.tokenizer
             if path is None:
-                from specdraft_eval.targets import DEFAULT_TARGET, local_dir, resolve
+                from specdraft_eval.models.targets import (
+                    DEFAULT_TARGET,
+                    local_dir,
+                    resolve,
+                )
 
                 path = local_dir(resolve(DEFAULT_TARGET)).path
             self._tokenizer = AutoTokenizer.from_pretrained(path)
@@ -172,8 +176,8 @@ def verify_cost(check: Check) -> None:
 def bench(check: Check) -> None:
     """Part 3: zoo bench's comparison on the 7B shape."""
     from specdraft_eval.drafts import load_draft
-    from specdraft_eval.offline_data import task_prompts
     from specdraft_eval.errors import SpecdecError
+    from specdraft_eval.integration.offline_data import task_prompts
     from zoo.bench import check_lossless, run_bench
 
     target = check.target()
@@ -207,7 +211,7 @@ def lm_eval_run(check: Check) -> None:
     for batch in (1, 4):
         out = folder / f"results-{batch}"
         dtype = str(check.dtype).removeprefix("torch.")
-        code = ("import sys, specdraft_eval._lm_eval_hook; from lm_eval.__main__ import cli_evaluate; "
+        code = ("import sys, specdraft_eval.integration.lm_eval_hook; from lm_eval.__main__ import cli_evaluate; "
                 "sys.argv = ['lm_eval'] + sys.argv[1:]; cli_evaluate()")
         compiled = ",compile=true" if check.args.compile else ""
         args = ["--model", "specdec", "--model_args",
@@ -233,10 +237,12 @@ def steady_steps(check: Check) -> None:
     """Part 5: per-step times over a long decode on the 7B shape (context 128), plain steps and verification of
     4 draft tokens, with a growing cache (eager), a static cache, and compiled steps over it (CUDA graphs on a GPU):
     median, max/median (stalls at new lengths show as the max) and verification / plain step."""
-    from specdraft_eval import graphs
-    from specdraft_eval.drafts.base import Proposal
-    from specdraft_eval.engine import clock, prefill, verify_step
-    from specdraft_eval.sampling import Sampler
+    from specdraft_eval.engine import graphs
+    from specdraft_eval.engine.drafter import Proposal
+    from specdraft_eval.engine.loop import prefill
+    from specdraft_eval.engine.sampling import Sampler
+    from specdraft_eval.engine.verify import verify_step
+    from specdraft_eval.measure.timers import clock
     from zoo.profile import context_tokens
 
     target, sampler, steps = check.target(), Sampler(), check.args.steady_steps

@@ -24,12 +24,12 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from specdraft_eval import kernels
 from specdraft_eval.drafts import load_draft
-from specdraft_eval.engine import divergence, speculative_generate
-from specdraft_eval.offline_data import task_prompts
+from specdraft_eval.engine.loop import divergence, speculative_generate
 from specdraft_eval.files import write_json
-from specdraft_eval.targets import load_target
+from specdraft_eval.integration.offline_data import task_prompts
+from specdraft_eval.models import kernels
+from specdraft_eval.models.targets import load_target
 
 REPO = Path(__file__).resolve().parents[1]
 DRAFTS = ["prompt-lookup", "layers:0-4", "prompt-lookup:2-3|leaderboard/drafts/smollm2-ngram"]

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from specdraft_eval.engine import speculative_generate
+from specdraft_eval.engine.loop import speculative_generate
 from specdraft_eval.files import atomic_write
 
 TIMING_FIELDS = {"prefill_seconds", "draft_seconds", "verify_seconds", "decode_seconds", "baseline_seconds"}
@@ -65,8 +65,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     from specdraft_eval.drafts import load_draft
-    from specdraft_eval.offline_data import task_prompts
-    from specdraft_eval.targets import load_target
+    from specdraft_eval.integration.offline_data import task_prompts
+    from specdraft_eval.models.targets import load_target
 
     torch.set_num_threads(args.threads)
     target, tokenizer = load_target("smollm2-135m-instruct", kernels="onednn")

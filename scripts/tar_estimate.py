@@ -16,9 +16,9 @@ from pathlib import Path
 from tabulate import tabulate
 
 from specdraft_eval import load_draft, load_target, speculative_generate
-from specdraft_eval.offline_data import task_prompts
 from specdraft_eval.files import atomic_write
-from specdraft_eval.stats import GenerationStats
+from specdraft_eval.integration.offline_data import task_prompts
+from specdraft_eval.measure.stats import GenerationStats
 
 TASKS = ("specdec_humaneval", "specdec_mmlu_cot")
 

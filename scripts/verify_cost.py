@@ -14,11 +14,13 @@ import statistics
 import torch
 from tabulate import tabulate
 
-from specdraft_eval import kernels, kv
-from specdraft_eval.engine import clock, prefill
-from specdraft_eval.environment import hardware
+from specdraft_eval.engine import kv_cache
+from specdraft_eval.engine.loop import prefill
 from specdraft_eval.files import write_json
-from specdraft_eval.targets import load_target
+from specdraft_eval.measure.environment import hardware
+from specdraft_eval.measure.timers import clock
+from specdraft_eval.models import kernels
+from specdraft_eval.models.targets import load_target
 
 KS = (0, 1, 2, 3, 4, 5, 6, 7, 8)
 
@@ -39,10 +41,10 @@ def main() -> None:
             for k in KS:
                 for name, model in models.items():
                     start = clock(model.device)
-                    kv.forward(model, [context[-1]] * (k + 1), caches[name], k + 1)
+                    kv_cache.forward(model, [context[-1]] * (k + 1), caches[name], k + 1)
                     if repeat >= 2:
                         times[(name, k)].append(clock(model.device) - start)
-                    kv.rollback(caches[name], len(context) - 1)
+                    kv_cache.rollback(caches[name], len(context) - 1)
     step = {n: statistics.median(times[(n, 0)]) for n in models}
     rows = [{"kernels": n, "k": k, "ms": statistics.median(times[(n, k)]) * 1000,
              "min ms": min(times[(n, k)]) * 1000, "max ms": max(times[(n, k)]) * 1000,

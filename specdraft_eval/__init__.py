@@ -13,14 +13,14 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "load_target": "specdraft_eval.targets",
+    "load_target": "specdraft_eval.models.targets",
     "load_draft": "specdraft_eval.drafts",
-    "DecodeParams": "specdraft_eval.engine",
-    "speculative_generate": "specdraft_eval.engine",
-    "speculative_generate_batch": "specdraft_eval.engine",
-    "autoregressive_generate": "specdraft_eval.engine",
-    "autoregressive_generate_batch": "specdraft_eval.engine",
-    "GenerationStats": "specdraft_eval.stats",
+    "DecodeParams": "specdraft_eval.engine.loop",
+    "speculative_generate": "specdraft_eval.engine.loop",
+    "speculative_generate_batch": "specdraft_eval.engine.loop",
+    "autoregressive_generate": "specdraft_eval.engine.loop",
+    "autoregressive_generate_batch": "specdraft_eval.engine.loop",
+    "GenerationStats": "specdraft_eval.measure.stats",
     "SpecdecError": "specdraft_eval.errors",
 }
 

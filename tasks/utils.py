@@ -1,10 +1,15 @@
-"""lm-eval hooks for the bundled offline tasks; the data itself comes from ``specdraft_eval.offline_data``."""
+"""lm-eval hooks for the bundled offline tasks; the data itself comes from ``specdraft_eval.integration.offline_data``."""
 
 from __future__ import annotations
 
 import datasets
 
-from specdraft_eval.offline_data import ANSWER, COT_CUE, humaneval_problems, mmlu_cot_docs
+from specdraft_eval.integration.offline_data import (
+    ANSWER,
+    COT_CUE,
+    humaneval_problems,
+    mmlu_cot_docs,
+)
 
 
 def load_humaneval(**_metadata) -> datasets.DatasetDict:

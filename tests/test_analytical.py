@@ -2,8 +2,11 @@
 
 import pytest
 
-from specdraft_eval.analytical import predicted_speedup, predicted_tokens_per_second
-from specdraft_eval.stats import GenerationStats
+from specdraft_eval.measure.analytical import (
+    predicted_speedup,
+    predicted_tokens_per_second,
+)
+from specdraft_eval.measure.stats import GenerationStats
 
 
 def test_hand_worked_throughput():

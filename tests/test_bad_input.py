@@ -118,7 +118,7 @@ def _file(path: Path, data: bytes) -> Path:
 
 def _gguf_head() -> bytes:
     """The first kilobyte of the embedded default's real GGUF file: a truncated download."""
-    from specdraft_eval.targets import resolve
+    from specdraft_eval.models.targets import resolve
 
     source = resolve("smollm2-135m-instruct")
     with open(Path(source.path) / source.gguf_file, "rb") as f:

@@ -11,14 +11,14 @@ from conftest import tiny_llama
 from test_engine import drafts, hf_greedy
 from test_sampling import PROMPT, SAMPLES, VOCAB, exact_joint, fit
 
-from specdraft_eval.engine import (
-    BatchCache,
+from specdraft_eval.engine.kv_cache import BatchCache
+from specdraft_eval.engine.loop import (
     autoregressive_generate,
     autoregressive_generate_batch,
     speculative_generate,
     speculative_generate_batch,
 )
-from specdraft_eval.sampling import Sampler
+from specdraft_eval.engine.sampling import Sampler
 
 KINDS = ["prompt-lookup", "layers", "other-model", "self", "reduced-head", "composite", "ngram"]
 

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import run_cli, save_tiny
+
 from specdraft_eval import load_draft, load_target
 from specdraft_eval.errors import SpecdecError
 from zoo import bench
@@ -57,9 +57,9 @@ def test_bench_runs_every_configuration_with_identical_tokens(tiny, prompts_file
 
 def test_bench_catches_a_draft_that_changes_the_output(tiny, prompts_file, monkeypatch):
     """A broken verifier (accepting every draft token) must be reported, not hidden."""
-    from specdraft_eval import engine
+    from specdraft_eval.engine import verify
 
-    monkeypatch.setattr(engine, "_verify", lambda logits, proposal, sampler: (len(proposal.tokens), 5))
+    monkeypatch.setattr(verify, "accept", lambda logits, proposal, sampler: (len(proposal.tokens), 5))
     target, tokenizer = load_target(str(tiny))
     drafter = load_draft("layers:0", target, tokenizer)
     result = bench.run_bench(target, str(tiny), tokenizer, [drafter], bench.load_prompts(None, prompts_file, 1),

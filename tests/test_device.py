@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import ROOT, run_cli, save_tiny
-from specdraft_eval.errors import SpecdecError
-from specdraft_eval.targets import LoadSettings, load_target
 from test_zoo_cli import assert_one_line_error, zoo_json
+
+from specdraft_eval.errors import SpecdecError
+from specdraft_eval.models.targets import LoadSettings, load_target
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +99,7 @@ def test_loading_never_asks_for_hub_kernels_unless_told(tiny, monkeypatch):
 
 
 def test_specdec_record_says_dtype_and_hub_kernels(tiny):
-    from specdraft_eval import lm_eval_model
+    from specdraft_eval.integration import lm_eval_model
 
     lm = lm_eval_model.SpecDecLM(pretrained=str(tiny), draft="prompt-lookup", device="cpu", use_kernels="false")
     block = lm.specdec_info()
@@ -125,7 +125,7 @@ def test_gpu_check_small_rehearsal(tmp_path):
     report = (tmp_path / "gpu.md").read_text()
     assert report.count("\n## ") == 5
     if "1 no fit:" not in done.stdout:  # part 1 as a sweep file for the leaderboard's latency figure
-        from specdraft_eval.profiles import read_calibration_file
+        from specdraft_eval.measure.profiles import read_calibration_file
 
         sweep = read_calibration_file(tmp_path / "sweep.json")
         assert len(sweep.rows) == 14 and {"depth", "width", "named"} == {r["group"] for r in sweep.rows}

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import save_tiny, tiny_llama
+
 from specdraft_eval import SpecdecError, load_draft, load_target, speculative_generate
 from specdraft_eval.drafts.layers import layer_view, parse_layers
-from specdraft_eval.targets import resolve
+from specdraft_eval.models.targets import resolve
 
 WORDS = ["<unk>", "</s>", *[f"w{i}" for i in range(62)]]
 
@@ -59,10 +59,12 @@ def test_layer_view_hooks_stay_on_the_view():
 
 
 def test_prompt_lookup_proposes_what_transformers_proposes():
-    from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
+    from transformers.generation.candidate_generator import (
+        PromptLookupCandidateGenerator,
+    )
 
     from specdraft_eval.drafts.prompt_lookup import PromptLookupDrafter
-    from specdraft_eval.sampling import Sampler
+    from specdraft_eval.engine.sampling import Sampler
 
     generator = torch.Generator().manual_seed(0)
     ours = PromptLookupDrafter(max_ngram=3)

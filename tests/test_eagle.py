@@ -11,13 +11,17 @@ import pytest
 import torch
 from conftest import run_cli, save_tiny, tiny_llama
 
-from specdraft_eval import autoregressive_generate, speculative_generate, speculative_generate_batch
+from specdraft_eval import (
+    autoregressive_generate,
+    speculative_generate,
+    speculative_generate_batch,
+)
 from specdraft_eval.drafts import load_draft
-from specdraft_eval.drafts.base import FINAL
 from specdraft_eval.drafts.eagle import EAGLE3, EagleHead, HeadLayout, build
+from specdraft_eval.engine.drafter import FINAL
 from specdraft_eval.errors import SpecdecError
-from specdraft_eval.serving import speculative_config
-from specdraft_eval.targets import LoadSettings
+from specdraft_eval.integration.serving import speculative_config
+from specdraft_eval.models.targets import LoadSettings
 from zoo.train_head import HeadTraining, head_config, new_head, save_head, train_head
 
 PROMPTS = [[1], [3, 4, 5, 6], list(range(2, 40)), [7, 7, 7, 9, 7, 7]]

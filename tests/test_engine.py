@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import tiny_llama
+
 from specdraft_eval import SpecdecError, autoregressive_generate, speculative_generate
 from specdraft_eval.drafts.composite import CompositeDrafter
 from specdraft_eval.drafts.layers import layer_view
@@ -118,7 +118,7 @@ def test_prompt_longer_than_context_is_an_error(target):
 
 def test_reduced_head_proposes_only_its_tokens():
     draft = ModelDrafter(tiny_llama(seed=1, layers=2), "reduced", 64, token_ids=[5, 7, 9])
-    from specdraft_eval.sampling import Sampler
+    from specdraft_eval.engine.sampling import Sampler
 
     assert set(draft.propose(list(range(10)), 6, Sampler()).tokens) <= {5, 7, 9}
     proposal = draft.propose(list(range(10)), 3, Sampler(True, generator=torch.Generator().manual_seed(0)))

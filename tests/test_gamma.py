@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specdraft_eval.gamma import GammaController
+from specdraft_eval.engine.gamma import GammaController
 
 
 def drive(controller: GammaController, steps: int, accept: float, verify_ms, draft_ms: float) -> list[int]:
@@ -80,10 +80,11 @@ def test_one_controller_serves_a_whole_run(monkeypatch):
     import itertools
 
     import torch
-
     from conftest import tiny_llama
-    from specdraft_eval import engine, speculative_generate
+
+    from specdraft_eval import speculative_generate
     from specdraft_eval.drafts.model import ModelDrafter
+    from specdraft_eval.engine import loop as engine
 
     ticks = itertools.count()
     monkeypatch.setattr(engine, "clock", lambda device: next(ticks) * 0.010)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import run_cli
 from test_zoo_cli import assert_one_line_error
-from zoo import hardware
+
 from specdraft_eval.errors import SpecdecError
+from zoo import hardware
 from zoo.hardware import Shape, fit_sweep, forward_seconds, shape_from_config
 from zoo.shapes import draft_shape, model_shape
 
@@ -124,7 +124,7 @@ def test_paper_targets_rank_offline_without_weights(target, tmp_path):
 
 
 def test_rank_names_the_calibration_it_uses(tmp_path):
-    from specdraft_eval.profiles import Calibration, write_calibration
+    from specdraft_eval.measure.profiles import Calibration, write_calibration
 
     env = {"SPECDRAFT_EVAL_CACHE": str(tmp_path), "HF_HUB_OFFLINE": "1"}
     import os

@@ -6,14 +6,10 @@ import pytest
 import torch
 from conftest import tiny_llama
 
-from specdraft_eval import (
-    SpecdecError,
-    autoregressive_generate,
-    kernels,
-    speculative_generate,
-)
+from specdraft_eval import SpecdecError, autoregressive_generate, speculative_generate
 from specdraft_eval.drafts.layers import layer_view
 from specdraft_eval.drafts.model import ModelDrafter
+from specdraft_eval.models import kernels
 
 pytestmark = pytest.mark.skipif(not kernels.supported(torch.nn.Linear(2, 2)), reason="PyTorch built without oneDNN")
 

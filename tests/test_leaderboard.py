@@ -10,10 +10,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import run_cli
-from specdraft_eval.record import SpecdecRecord
-from specdraft_eval.stats import GenerationStats
+
+from specdraft_eval.measure.record import SpecdecRecord
+from specdraft_eval.measure.stats import GenerationStats
 
 
 def write_result(folder: Path, draft: str, tps_scale: float, task_acc: float = 0.5,
@@ -205,7 +205,7 @@ def test_a_composite_drafts_bar_does_not_split_its_markdown_cell(tmp_path):
 def test_one_row_per_configuration_runs_merged(results, tmp_path):
     """A rerun of a configuration (or an `auto` run that resolved to it) adds a run to its row, not a row: counters
     summed, speedup the median with min and max over runs, the number of runs shown."""
-    from specdraft_eval.record import scan_results
+    from specdraft_eval.measure.record import scan_results
     from zoo.leaderboard import collect
 
     for scale in (2.0, 4.0):  # two more runs of prompt-lookup:3, faster each time
@@ -261,7 +261,7 @@ def test_scoring_runs_give_draft_bits_per_byte_and_the_rank_correlation(tmp_path
     write_result(root / "pl", "prompt-lookup:3", 1.0, accepted=20)  # not a model: no bits/byte, no point
     write_result(root / "five-dynamic", "drafts/five", 1.0, accepted=0, dynamic=True)  # a second row, not a point
     write_score(root / "lm_target", "smollm2-135m-instruct", {"specdec_humaneval": 0.3}, as_draft=False)
-    from specdraft_eval.record import scan_results
+    from specdraft_eval.measure.record import scan_results
 
     assert len(scan_results([root])) == 6 and len(scan_results([root], scoring=True)) == 11  # rank etc. skip them
     out = tmp_path / "out"

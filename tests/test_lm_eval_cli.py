@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import run_cli
-from specdraft_eval.targets import resolve
+
+from specdraft_eval.models.targets import resolve
 
 pytestmark = pytest.mark.slow
 TASKS = ["specdec_humaneval", "specdec_mmlu_cot"]

@@ -9,7 +9,7 @@ def test_stop_check_decodes_only_the_tail_and_fires_as_a_full_decode_would():
 
     from conftest import word_tokenizer
 
-    from specdraft_eval.lm_eval_model import SpecDecLM
+    from specdraft_eval.integration.lm_eval_model import SpecDecLM
 
     words = ["<unk>", "</s>", *[f"w{i}" for i in range(20)]]
     tokenizer = word_tokenizer(words)

@@ -5,12 +5,17 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import run_cli, save_tiny, tiny_llama, word_tokenizer
+
 from specdraft_eval import SpecdecError
 from specdraft_eval.drafts import load_draft
-from specdraft_eval.drafts.ngram import NGRAM_FILE, NGramDrafter, load_continuations, save_continuations
-from specdraft_eval.sampling import Sampler
+from specdraft_eval.drafts.ngram import (
+    NGRAM_FILE,
+    NGramDrafter,
+    load_continuations,
+    save_continuations,
+)
+from specdraft_eval.engine.sampling import Sampler
 
 GREEDY = Sampler(False, 1.0, 0, 1.0, None)
 

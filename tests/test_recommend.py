@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import run_cli, save_tiny
-from specdraft_eval.recommend import recommend
 from test_leaderboard import write_result
+
+from specdraft_eval.integration.recommend import recommend
 
 TARGET = "smollm2-135m-instruct"  # the target write_result records
 
@@ -33,7 +33,7 @@ def test_the_fastest_loadable_configuration_wins(results):
 
 def test_measurements_from_this_hardware_come_first(results):
     """The records say "CPU: ..." (write_result runs on the CPU): on another machine they still answer, but say so."""
-    from specdraft_eval.environment import hardware
+    from specdraft_eval.measure.environment import hardware
 
     here = recommend(TARGET, results=[results], hardware=hardware("cpu"))
     assert here.draft == "layers:0,1,2,3,4" and "not this machine" not in here.reason
@@ -75,8 +75,8 @@ def test_zoo_recommend_cli(results, tmp_path):
 
 def test_lm_eval_model_resolves_auto(tmp_path, monkeypatch):
     """draft=auto takes the recommendation's draft, γ and dynamic γ; explicit model_args win."""
-    from specdraft_eval import lm_eval_model
-    from specdraft_eval.recommend import Recommendation
+    from specdraft_eval.integration import lm_eval_model
+    from specdraft_eval.integration.recommend import Recommendation
 
     tiny = save_tiny(tmp_path / "tiny")
     monkeypatch.setattr(lm_eval_model, "recommend", lambda target, hardware: Recommendation(target, None, "layers:0", 2, True, "test"))

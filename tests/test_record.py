@@ -8,17 +8,17 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import run_cli, save_tiny, tiny_llama
-from specdraft_eval import autoregressive_generate, speculative_generate
-from specdraft_eval.engine import divergence
-from specdraft_eval.drafts.prompt_lookup import PromptLookupDrafter
-from specdraft_eval.files import atomic_write
-from specdraft_eval.profiles import read_profile
-from specdraft_eval.record import RecordError, SpecdecRecord, read_results
-from specdraft_eval.stats import GenerationStats
 from test_engine import drafts
 from test_zoo_cli import assert_one_line_error, zoo_json
+
+from specdraft_eval import autoregressive_generate, speculative_generate
+from specdraft_eval.drafts.prompt_lookup import PromptLookupDrafter
+from specdraft_eval.engine.loop import divergence
+from specdraft_eval.files import atomic_write
+from specdraft_eval.measure.profiles import read_profile
+from specdraft_eval.measure.record import RecordError, SpecdecRecord, read_results
+from specdraft_eval.measure.stats import GenerationStats
 
 
 @pytest.fixture(scope="module")

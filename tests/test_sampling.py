@@ -15,7 +15,7 @@ from specdraft_eval.drafts.composite import CompositeDrafter
 from specdraft_eval.drafts.eagle import EagleDrafter
 from specdraft_eval.drafts.model import ModelDrafter
 from specdraft_eval.drafts.prompt_lookup import PromptLookupDrafter
-from specdraft_eval.sampling import Sampler
+from specdraft_eval.engine.sampling import Sampler
 from zoo.train_head import new_head
 
 VOCAB = 8

@@ -4,9 +4,9 @@ for the leaderboard's TAR-vs-LM figure), checked against the same layers saved a
 from __future__ import annotations
 
 import pytest
+from conftest import run_cli, save_tiny
 from lm_eval.api.instance import Instance
 
-from conftest import run_cli, save_tiny
 from specdraft_eval.errors import SpecdecError
 
 
@@ -21,7 +21,7 @@ def requests() -> list[Instance]:
 
 
 def test_score_draft_equals_the_same_layers_scored_as_a_target(tiny, tmp_path):
-    from specdraft_eval.lm_eval_model import SpecDecLM
+    from specdraft_eval.integration.lm_eval_model import SpecDecLM
 
     pruned = tmp_path / "pruned"
     done = run_cli("zoo", "prune", str(tiny), "--keep", "0,2", "--out", str(pruned))
@@ -40,7 +40,7 @@ def test_score_draft_equals_the_same_layers_scored_as_a_target(tiny, tmp_path):
     ("layers:0,1", "drafts", "model_args score='drafts': use score=target or score=draft"),
 ])
 def test_score_errors_say_the_fix(tiny, draft, score, message):
-    from specdraft_eval.lm_eval_model import SpecDecLM
+    from specdraft_eval.integration.lm_eval_model import SpecDecLM
 
     with pytest.raises(SpecdecError, match=message):
         SpecDecLM(pretrained=str(tiny), draft=draft, score=score, device="cpu")

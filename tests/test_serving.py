@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from specdraft_eval import SpecdecError
-from specdraft_eval.record import SpecdecRecord
-from specdraft_eval.serving import speculative_config, stats_from_vllm
+from specdraft_eval.integration.serving import speculative_config, stats_from_vllm
+from specdraft_eval.measure.record import SpecdecRecord
 
 # One request's speculative-decoding figures as vLLM reported them (vLLM 0.27 per-request metrics, draft model,
 # num_spec_tokens 3): 43 steps, 129 draft tokens, 10 accepted, acceptance histogram [39, 1, 0, 3],

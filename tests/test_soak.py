@@ -5,8 +5,8 @@ from __future__ import annotations
 import importlib.util
 
 import torch
-
 from conftest import ROOT, tiny_llama
+
 from specdraft_eval.drafts.composite import CompositeDrafter
 from specdraft_eval.drafts.layers import layer_view
 from specdraft_eval.drafts.model import ModelDrafter

@@ -7,11 +7,15 @@ import logging
 
 import pytest
 import torch
-
 from conftest import save_tiny, tiny_llama
-from specdraft_eval import graphs
-from specdraft_eval.engine import autoregressive_generate, speculative_generate, speculative_generate_batch
 from test_engine import drafts, hf_greedy
+
+from specdraft_eval.engine import graphs
+from specdraft_eval.engine.loop import (
+    autoregressive_generate,
+    speculative_generate,
+    speculative_generate_batch,
+)
 
 KINDS = ["prompt-lookup", "layers", "other-model", "self", "reduced-head", "composite", "ngram"]
 
@@ -67,7 +71,7 @@ def test_a_failed_compile_falls_back_with_one_warning(target, monkeypatch, caplo
     monkeypatch.setattr(torch, "compile", broken)
     monkeypatch.setattr(graphs, "_COMPILED", type(graphs._COMPILED)())
     prompt = torch.arange(2, 12)[None]
-    with caplog.at_level(logging.WARNING, logger="specdraft_eval.graphs"):
+    with caplog.at_level(logging.WARNING, logger="specdraft_eval.engine.graphs"):
         out, _ = speculative_generate(target, drafts(target)["prompt-lookup"], prompt, 20, compile=True)
         again, _ = speculative_generate(target, drafts(target)["prompt-lookup"], prompt, 20, compile=True)
     assert out == again == hf_greedy(target, prompt, 20)
@@ -89,7 +93,7 @@ def test_compiled_steps_give_the_same_tokens(target):
 
 
 def test_specdec_records_its_runtime(tmp_path):
-    from specdraft_eval import lm_eval_model
+    from specdraft_eval.integration import lm_eval_model
 
     tiny = save_tiny(tmp_path / "tiny")
     lm = lm_eval_model.SpecDecLM(pretrained=str(tiny), draft="prompt-lookup", device="cpu", static_cache="true")

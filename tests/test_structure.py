@@ -8,12 +8,14 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import run_cli
-from specdraft_eval import engine, published
+
+from specdraft_eval import published
+from specdraft_eval.engine import loop as engine
+from specdraft_eval.engine.params import DecodeParams
 from specdraft_eval.drafts.spec import COMPOSITE, MODEL, DraftSpec, draft_kinds
 from specdraft_eval.errors import SpecdecError
-from specdraft_eval.record import scan_results
+from specdraft_eval.measure.record import scan_results
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,35 +34,92 @@ def _imports(path: Path, package: str) -> set[str]:
     return found
 
 
-@pytest.mark.parametrize("package", ["specdraft_eval", "zoo"])
-def test_no_import_cycle(package):
+LAYERS = (
+    ("specdraft_eval", "specdraft_eval.errors", "specdraft_eval.files", "specdraft_eval.published"),
+    ("specdraft_eval.measure",),
+    ("specdraft_eval.models",),
+    ("specdraft_eval.engine",),
+    ("specdraft_eval.drafts",),
+    ("specdraft_eval.integration",),
+    ("zoo",),
+)
+"""The layers, bottom first (ARCHITECTURE.md): a module imports only modules of its own layer or below."""
+
+
+def _graph(root: Path, packages: tuple[str, ...]) -> dict[str, set[str]]:
+    """Module -> the modules of ``packages`` under ``root`` that it imports (itself excluded)."""
     modules = {}
-    for path in (ROOT / package).rglob("*.py"):
-        name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
-        modules[name] = path
-    graph = {name: {m for m in _imports(path, package) if m in modules and m != name}
-             for name, path in modules.items()}
+    for package in packages:
+        for path in (root / package).rglob("*.py"):
+            name = ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+            modules[name] = path
+    return {name: {m for package in packages for m in _imports(path, package) if m in modules and m != name}
+            for name, path in modules.items()}
+
+
+def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a path that starts and ends at the same module, or None."""
     state: dict[str, int] = {}
 
-    def visit(node: str, trail: list[str]) -> None:
+    def visit(node: str, trail: list[str]) -> list[str] | None:
         state[node] = 1
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                raise AssertionError("import cycle: " + " -> ".join(trail[trail.index(nxt):] + [node, nxt])
-                                     if nxt in trail else f"import cycle through {node} -> {nxt}")
-            if nxt not in state:
-                visit(nxt, trail + [node])
+                return trail[trail.index(nxt):] + [node, nxt] if nxt in trail else [node, nxt]
+            if nxt not in state and (found := visit(nxt, trail + [node])):
+                return found
         state[node] = 2
+        return None
 
-    for name in sorted(graph):
-        if name not in state:
-            visit(name, [])
+    return next((found for name in sorted(graph) if name not in state and (found := visit(name, []))), None)
 
 
-def test_the_cycle_check_catches_a_cycle(tmp_path):
-    """Negative control: two modules importing each other are reported."""
-    (tmp_path / "a.py").write_text("from pkg import b\n")
-    assert _imports(tmp_path / "a.py", "pkg") == {"pkg.b", "pkg"}
+def _layer(module: str, layers: tuple[tuple[str, ...], ...]) -> int:
+    """The index of the most specific layer prefix that ``module`` falls under."""
+    best, best_length = None, -1
+    for index, prefixes in enumerate(layers):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best_length:
+                best, best_length = index, len(prefix)
+    assert best is not None, f"{module} is in no layer: add it to LAYERS and ARCHITECTURE.md"
+    return best
+
+
+def _upward(graph: dict[str, set[str]], layers: tuple[tuple[str, ...], ...]) -> list[str]:
+    """Every import of a module from a layer above the importer's."""
+    return sorted(f"{a} -> {b}" for a, targets in graph.items() for b in targets
+                  if _layer(b, layers) > _layer(a, layers))
+
+
+def test_no_import_cycle():
+    assert _find_cycle(_graph(ROOT, ("specdraft_eval", "zoo"))) is None
+
+
+def test_imports_only_go_down_the_layers():
+    graph = _graph(ROOT, ("specdraft_eval", "zoo"))
+    assert not _upward(graph, LAYERS)
+    assert {_layer(m, LAYERS) for m in graph} == set(range(len(LAYERS)))  # every layer holds modules
+
+
+def test_each_package_says_its_job():
+    for init in (ROOT / "specdraft_eval").rglob("__init__.py"):
+        assert ast.get_docstring(ast.parse(init.read_text())), f"{init} has no docstring"
+
+
+def test_the_checks_catch_a_cycle_and_an_upward_import(tmp_path):
+    """Negative control: a synthetic package with a cycle and an import from a higher layer is reported."""
+    (tmp_path / "pkg" / "low").mkdir(parents=True)
+    (tmp_path / "pkg" / "high").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "low" / "a.py").write_text("from pkg.low import b\nfrom pkg.high import c\n")
+    (tmp_path / "pkg" / "low" / "b.py").write_text("import pkg.low.a\n")
+    (tmp_path / "pkg" / "high" / "c.py").write_text("import os\n")
+    graph = _graph(tmp_path, ("pkg",))
+    assert _find_cycle(graph) in (["pkg.low.a", "pkg.low.b", "pkg.low.a"], ["pkg.low.b", "pkg.low.a", "pkg.low.b"])
+    layers = (("pkg", "pkg.low"), ("pkg.high",))
+    assert _upward(graph, layers) == ["pkg.low.a -> pkg.high.c"]
+    graph["pkg.low.a"] -= {"pkg.high.c", "pkg.low.b"}
+    assert _find_cycle(graph) is None and not _upward(graph, layers)
 
 
 def test_engine_entry_points_take_at_most_four_positional_parameters():
@@ -73,11 +132,11 @@ def test_engine_entry_points_take_at_most_four_positional_parameters():
 
 def test_decode_params_one_line_errors():
     with pytest.raises(SpecdecError, match="num_draft_tokens must be an integer >= 1"):
-        engine.DecodeParams(8, num_draft_tokens=0)
+        DecodeParams(8, num_draft_tokens=0)
     with pytest.raises(SpecdecError, match="top_p must be in"):
-        engine.DecodeParams(8, top_p=0.0)
-    params = engine.DecodeParams(8, num_draft_tokens=3)
-    assert engine.DecodeParams.of(params) is params and engine.DecodeParams.of(8, num_draft_tokens=3) == params
+        DecodeParams(8, top_p=0.0)
+    params = DecodeParams(8, num_draft_tokens=3)
+    assert DecodeParams.of(params) is params and DecodeParams.of(8, num_draft_tokens=3) == params
 
 
 @pytest.mark.parametrize("text, kind, arg, parts", [

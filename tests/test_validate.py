@@ -7,12 +7,21 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-
 from conftest import run_cli, save_tiny
-from specdraft_eval.analytical import Latencies, predicted_from_latencies, steps_by_draft_length
-from specdraft_eval.stats import GenerationStats
 from test_zoo_cli import assert_one_line_error
-from zoo.validate import composite_latencies, context_buckets, deviation, predicted_tokens_per_second
+
+from specdraft_eval.measure.analytical import (
+    Latencies,
+    predicted_from_latencies,
+    steps_by_draft_length,
+)
+from specdraft_eval.measure.stats import GenerationStats
+from zoo.validate import (
+    composite_latencies,
+    context_buckets,
+    deviation,
+    predicted_tokens_per_second,
+)
 
 LATENCIES = Latencies({0: 40.0, 1: 45.0, 2: 50.0, 3: 55.0, 4: 60.0}, t_draft_ms=5.0, draft_prefill_ms_per_token=0.1)
 
@@ -86,7 +95,7 @@ def test_context_buckets_split_the_measured_lengths():
 def test_each_request_is_predicted_from_its_own_buckets_profile():
     """Σ tokens / Σ predicted seconds, each request with its bucket's latencies: a long-context request with
     slower verification weighs as much as its tokens, not as one run's average."""
-    from specdraft_eval.profiles import DraftTiming, Profile, Spread
+    from specdraft_eval.measure.profiles import DraftTiming, Profile, Spread
 
     def profile(verify_ms: float) -> Profile:
         timing = DraftTiming(Spread(5.0, 5.0, 5.0, 1), 0.1)
@@ -103,7 +112,7 @@ def test_each_request_is_predicted_from_its_own_buckets_profile():
 def test_a_composite_is_charged_for_the_part_that_drafted_each_step():
     """Lookup steps cost nothing, model steps 5 ms a token: a request whose steps the model drafted 3 times in 4
     is predicted with 3.75 ms a drafted token, from the parts' own profiled latencies."""
-    from specdraft_eval.profiles import DraftTiming, Profile, Spread
+    from specdraft_eval.measure.profiles import DraftTiming, Profile, Spread
 
     def spread(ms: float) -> Spread:
         return Spread(ms, ms, ms, 1)

@@ -12,7 +12,6 @@ import venv
 from pathlib import Path
 
 import pytest
-
 from conftest import BIN, ROOT
 
 pytestmark = pytest.mark.slow

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import run_cli, save_tiny
+
 from specdraft_eval import load_draft, load_target
 
 

@@ -14,14 +14,14 @@ from collections.abc import Callable
 
 import torch
 
-from specdraft_eval.engine import (
+from specdraft_eval.engine.loop import (
     autoregressive_generate_batch,
     speculative_generate_batch,
 )
 from specdraft_eval.errors import SpecdecError
-from specdraft_eval.environment import ModelFacts, hardware
-from specdraft_eval.stats import GenerationStats
-from specdraft_eval.targets import LoadSettings
+from specdraft_eval.measure.environment import ModelFacts, hardware
+from specdraft_eval.measure.stats import GenerationStats
+from specdraft_eval.models.targets import LoadSettings
 from zoo.bench import peak_memory_mb, spread, weight_bytes
 from zoo.progress import Tick, no_progress
 

@@ -2,7 +2,7 @@
 
 Per draft and prompt, interleaved and after a warm-up, greedy: the target's autoregressive
 ``generate``; transformers' assisted generation with the same draft at a constant γ; our engine at the
-same γ and with dynamic γ. All of these run the same kernels (``specdraft_eval.kernels``); when those are
+same γ and with dynamic γ. All of these run the same kernels (``specdraft_eval.models.kernels``); when those are
 the pre-packed ones, transformers' autoregressive and assisted generation also run once more on a plain copy
 of the models, which is what a user would otherwise run. Every output must equal the autoregressive one
 token for token. Wall time is split into the target's and the draft's forward passes (module hooks) and the
@@ -24,15 +24,20 @@ from pathlib import Path
 
 import torch
 
-from specdraft_eval import kernels
-from specdraft_eval.drafts.base import Drafter
 from specdraft_eval.drafts.model import ModelDrafter
 from specdraft_eval.drafts.prompt_lookup import PromptLookupDrafter
-from specdraft_eval.engine import autoregressive_generate, clock, divergence, speculative_generate
+from specdraft_eval.engine.drafter import Drafter
+from specdraft_eval.engine.gamma import GammaController
+from specdraft_eval.engine.loop import (
+    autoregressive_generate,
+    divergence,
+    speculative_generate,
+)
 from specdraft_eval.errors import SpecdecError
-from specdraft_eval.gamma import GammaController
-from specdraft_eval.stats import GenerationStats
-from specdraft_eval.targets import LoadSettings
+from specdraft_eval.measure.stats import GenerationStats
+from specdraft_eval.measure.timers import clock
+from specdraft_eval.models import kernels
+from specdraft_eval.models.targets import LoadSettings
 from zoo.progress import Tick, no_progress
 
 SCHEMA_VERSION = 3  # 2: kernels, mismatched_prompts, vs_plain_assisted; 3: mismatch_logit_margins, numerics,
@@ -252,7 +257,7 @@ def weight_bytes(*models) -> int:
 def load_prompts(task: str | None, prompts_file: Path | None, limit: int) -> list[str]:
     """``limit`` prompts from a bundled task or a file (a JSON list of strings, or JSON lines of strings
     or ``{"prompt": ...}`` objects)."""
-    from specdraft_eval.offline_data import task_prompts
+    from specdraft_eval.integration.offline_data import task_prompts
 
     if task and prompts_file:
         raise SpecdecError("give --task or --prompts, not both")
@@ -324,7 +329,7 @@ def _tps(runs: list[Run]) -> float:
 
 def summarise(configs: list[Config], target, target_name: str, gamma: int, max_new_tokens: int, prompts: list[str],
               repeats: int, prompt_ids: list[list[int]], compile: bool = False) -> dict:
-    from specdraft_eval.environment import hardware
+    from specdraft_eval.measure.environment import hardware
 
     reference = configs[0]
     assisted = {(c.draft, c.kernels): c for c in configs if c.engine == ASSISTED}

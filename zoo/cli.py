@@ -8,10 +8,32 @@ from typing import Annotated, Optional
 import typer
 
 from specdraft_eval.errors import SpecdecError
-from specdraft_eval.targets import DEFAULT_TARGET
-from zoo.cli_support import (CompileOpt, ContextOpt, DeviceOpt, DraftsOpt, DtypeOpt, DynamicOpt, GammaOpt, GridOpt, JsonOpt,
-                             KernelsOpt, MaxNewOpt, OutOpt, PromptsOpt, RepeatsOpt, ResultsOpt, TargetOpt, UseKernelsOpt,
-                             cli_errors, emit, load_settings, one_gamma, parse_positive_ints, progress)
+from specdraft_eval.models.targets import DEFAULT_TARGET
+from zoo.cli_support import (
+    CompileOpt,
+    ContextOpt,
+    DeviceOpt,
+    DraftsOpt,
+    DtypeOpt,
+    DynamicOpt,
+    GammaOpt,
+    GridOpt,
+    JsonOpt,
+    KernelsOpt,
+    MaxNewOpt,
+    OutOpt,
+    PromptsOpt,
+    RepeatsOpt,
+    ResultsOpt,
+    TargetOpt,
+    UseKernelsOpt,
+    cli_errors,
+    emit,
+    load_settings,
+    one_gamma,
+    parse_positive_ints,
+    progress,
+)
 from zoo.rank import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TASK
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -111,7 +133,8 @@ def train_head(
     device: DeviceOpt = None, dtype: DtypeOpt = "auto", as_json: JsonOpt = False,
 ) -> None:
     """Train an EAGLE-style head (`draft=eagle:DIR`) on the target's own text and hidden states; rerun to resume."""
-    from zoo.train_head import HeadTraining, train_head as run
+    from zoo.train_head import HeadTraining
+    from zoo.train_head import train_head as run
 
     settings = HeadTraining(prompts, max_prompts, new_tokens, vocab_top=vocab_top, steps=steps)
     with progress("continuing prompts, then training") as tick:
@@ -288,8 +311,8 @@ def recommend(
     """Say what draft=auto resolves to for a target, and why (measured speedups from results files)."""
     from dataclasses import asdict
 
-    from specdraft_eval.environment import default_device, hardware
-    from specdraft_eval.recommend import recommend as choose
+    from specdraft_eval.integration.recommend import recommend as choose
+    from specdraft_eval.measure.environment import default_device, hardware
 
     for path in results or []:
         if not path.exists():

@@ -16,8 +16,13 @@ from typing import Annotated, Optional
 import typer
 from tabulate import tabulate
 
-from specdraft_eval.errors import SpecdecError, interrupted_exit_code, one_line, terminate_as_interrupt
-from specdraft_eval.targets import LoadSettings
+from specdraft_eval.errors import (
+    SpecdecError,
+    interrupted_exit_code,
+    one_line,
+    terminate_as_interrupt,
+)
+from specdraft_eval.models.targets import LoadSettings
 from zoo.progress import Tick
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of a table.")]
@@ -123,7 +128,13 @@ def emit(rows: list[dict] | dict, as_json: bool, headers: list[str] | None = Non
 @contextmanager
 def progress(description: str) -> Iterator[Tick]:
     """A progress bar, as the :class:`~zoo.progress.Tick` a library function reports to."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   transient=True, console=None) as bar:
@@ -138,8 +149,8 @@ def progress(description: str) -> Iterator[Tick]:
 
 
 def load_settings(device: str | None, dtype: str, use_kernels: bool, kernels: str = "onednn") -> LoadSettings:
-    """The checked :class:`~specdraft_eval.targets.LoadSettings` of a command's options."""
-    from specdraft_eval import kernels as kernel_paths
+    """The checked :class:`~specdraft_eval.models.targets.LoadSettings` of a command's options."""
+    from specdraft_eval.models import kernels as kernel_paths
 
     kernel_paths.check(kernels)
     return LoadSettings.of(device, dtype, kernels, use_kernels)

@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from specdraft_eval.errors import SpecdecError
-from specdraft_eval.profiles import Calibration
+from specdraft_eval.measure.profiles import Calibration
 
 RUNTIMES = ("eager", "cuda-graphs")
 A100_GRAPH_LAYER_MS = 0.085

@@ -1,6 +1,6 @@
 """``zoo leaderboard``: tables (markdown, CSV, HTML) and plots from lm-eval results files.
 
-Reads the ``config.specdec`` records (:mod:`specdraft_eval.record`) that ``lm_eval --model specdec`` writes. Output is deterministic: rows
+Reads the ``config.specdec`` records (:mod:`specdraft_eval.measure.record`) that ``lm_eval --model specdec`` writes. Output is deterministic: rows
 are sorted, floats rounded, and PNGs carry no software or date metadata.
 """
 
@@ -19,9 +19,14 @@ from tabulate import tabulate
 
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.files import atomic_write
-from specdraft_eval.profiles import Calibration, read_calibration_file
-from specdraft_eval.record import Configuration, ResultsFile, configurations, scan_results
-from specdraft_eval.report import positions
+from specdraft_eval.measure.profiles import Calibration, read_calibration_file
+from specdraft_eval.measure.record import (
+    Configuration,
+    ResultsFile,
+    configurations,
+    scan_results,
+)
+from specdraft_eval.measure.report import positions
 
 COLUMNS = [
     ("target", "target"), ("hardware", "hardware"), ("draft", "draft"), ("task", "task"), ("gamma", "γ"),
@@ -457,7 +462,7 @@ def plots(rows: list[dict], findings: list[LmFinding], sweeps: list[Calibration]
     from matplotlib.lines import Line2D
     from matplotlib.ticker import MaxNLocator
 
-    from specdraft_eval.analytical import predicted_speedup
+    from specdraft_eval.measure.analytical import predicted_speedup
 
     where, main = _main(rows)
     drafts = sorted({_configuration(r) for r in main})

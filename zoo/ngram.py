@@ -16,11 +16,11 @@ import torch
 
 from specdraft_eval.drafts.ngram import save_continuations
 from specdraft_eval.errors import SpecdecError
-from specdraft_eval.offline_data import task_prompts
 from specdraft_eval.files import atomic_output
-from specdraft_eval.targets import LoadSettings
-from zoo.prune import HELD_OUT, check_out
+from specdraft_eval.integration.offline_data import task_prompts
+from specdraft_eval.models.targets import LoadSettings
 from zoo.progress import Tick, no_progress
+from zoo.prune import HELD_OUT, check_out
 
 DEFAULT_PROMPTS = "default"
 

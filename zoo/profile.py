@@ -7,11 +7,11 @@ from pathlib import Path
 
 import torch
 
+from specdraft_eval.engine.sampling import Sampler
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.files import write_json
-from specdraft_eval.kernels import kernels_of
-from specdraft_eval.environment import ModelFacts, default_device, hardware
-from specdraft_eval.profiles import (
+from specdraft_eval.measure.environment import ModelFacts, default_device, hardware
+from specdraft_eval.measure.profiles import (
     Calibration,
     DraftTiming,
     Profile,
@@ -21,9 +21,8 @@ from specdraft_eval.profiles import (
     write_calibration,
     write_profile,
 )
-from specdraft_eval.sampling import Sampler
-from specdraft_eval.targets import LoadSettings
-
+from specdraft_eval.models.kernels import kernels_of
+from specdraft_eval.models.targets import LoadSettings
 
 WARMUP_STEPS = 3
 
@@ -39,14 +38,16 @@ def engine_latency(target, drafters: list, gammas: list[int], prompts: list[list
 
     For each prompt: prefill the target as the engine does, then for ``steps`` steps (after a warm-up) on a
     cache that grows by the target's own next token each step: time each draft's ``propose`` at every γ and
-    the target's :func:`~specdraft_eval.engine.verify_step` of k = max(γ)..0 draft tokens, rolling the cache
+    the target's :func:`~specdraft_eval.engine.loop.verify_step` of k = max(γ)..0 draft tokens, rolling the cache
     back after each, exactly as a speculative step does. Returns spreads of ``t_verify`` per k, and per draft
     its :class:`DraftTiming` (``t_draft`` per drafted token, ``draft_prefill_ms_per_token``: its first read of a
     prompt, per prompt token).
     """
-    from specdraft_eval.drafts.base import Proposal
-    from specdraft_eval.engine import clock, prefill, verify_step
-    from specdraft_eval.taps import FeatureTap
+    from specdraft_eval.engine.drafter import Proposal
+    from specdraft_eval.engine.loop import prefill
+    from specdraft_eval.engine.taps import FeatureTap
+    from specdraft_eval.engine.verify import verify_step
+    from specdraft_eval.measure.timers import clock
 
     device, sampler = target.device, Sampler()
     verify: dict[int, list[float]] = {k: [] for k in range(max(gammas, default=0) + 1)}

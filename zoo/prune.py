@@ -9,8 +9,8 @@ generated itself (``on_policy``).
 from __future__ import annotations
 
 import json
-from collections import Counter
 import os
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -19,8 +19,12 @@ from specdraft_eval.drafts.layers import layer_view, parse_layers
 from specdraft_eval.drafts.model import DRAFT_VOCAB_FILE
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.files import atomic_output
-from specdraft_eval.offline_data import humaneval_problems, mmlu_cot_docs, task_prompts
-from specdraft_eval.targets import LoadSettings
+from specdraft_eval.integration.offline_data import (
+    humaneval_problems,
+    mmlu_cot_docs,
+    task_prompts,
+)
+from specdraft_eval.models.targets import LoadSettings
 from zoo.progress import Tick, no_progress
 
 SELECTIONS = ("first", "uniform", "block-influence")

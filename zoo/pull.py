@@ -80,7 +80,7 @@ def pull(name: str, revision: str | None = None, target: str | None = None) -> d
         from transformers import AutoTokenizer
 
         from specdraft_eval.drafts import check_tokenizers
-        from specdraft_eval.targets import load_target
+        from specdraft_eval.models.targets import load_target
 
         _, target_tokenizer = load_target(target)
         check_tokenizers(target_tokenizer, AutoTokenizer.from_pretrained(path), repo_id)

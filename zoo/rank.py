@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specdraft_eval.analytical import predicted_tokens_per_second
-from specdraft_eval.record import ResultsFile
-from specdraft_eval.stats import GenerationStats
+from specdraft_eval.measure.analytical import predicted_tokens_per_second
+from specdraft_eval.measure.record import ResultsFile
+from specdraft_eval.measure.stats import GenerationStats
 
 DEFAULT_TASK = "specdec_humaneval"
 DEFAULT_MAX_NEW_TOKENS = 64
@@ -61,7 +61,7 @@ def tar_from_results(files: list[ResultsFile], target: str, task: str, draft: st
 
 def measure(target, drafter, prompts: list[list[int]], gammas: list[int], max_new_tokens: int) -> dict[int, GenerationStats]:
     """Run the engine on ``prompts`` at each γ; the stats give TAR and measured tokens/s."""
-    from specdraft_eval.engine import speculative_generate
+    from specdraft_eval.engine.loop import speculative_generate
 
     out = {}
     for gamma in gammas:

@@ -8,16 +8,24 @@ from pathlib import Path
 from specdraft_eval import published
 from specdraft_eval.drafts import load_draft
 from specdraft_eval.errors import SpecdecError
-from specdraft_eval.offline_data import task_prompts
-from specdraft_eval.environment import ModelFacts
 from specdraft_eval.files import RecordWarning
-from specdraft_eval.profiles import read_calibration
-from specdraft_eval.record import scan_results
-from specdraft_eval.targets import ALIASES, LoadSettings
+from specdraft_eval.integration.offline_data import task_prompts
+from specdraft_eval.measure.environment import ModelFacts
+from specdraft_eval.measure.profiles import read_calibration
+from specdraft_eval.measure.record import scan_results
+from specdraft_eval.models.targets import ALIASES, LoadSettings
 from zoo import catalog, hardware, shapes
 from zoo import profile as prof
-from zoo.rank import (DEFAULT_MAX_NEW_TOKENS, DEFAULT_TASK, MEASURE_GAMMAS, Candidate, measure,
-                      missing_tar_hint, rank, tar_from_results)
+from zoo.rank import (
+    DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_TASK,
+    MEASURE_GAMMAS,
+    Candidate,
+    measure,
+    missing_tar_hint,
+    rank,
+    tar_from_results,
+)
 
 PROFILE_CONTEXT = 256
 PROFILE_REPEATS = 7

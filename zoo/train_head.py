@@ -30,16 +30,22 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig
 
-from specdraft_eval.drafts.base import FINAL
-from specdraft_eval.drafts.eagle import EAGLE, HEAD_FILE, HEAD_FORMAT, EagleHead, HeadLayout
+from specdraft_eval.drafts.eagle import (
+    EAGLE,
+    HEAD_FILE,
+    HEAD_FORMAT,
+    EagleHead,
+    HeadLayout,
+)
 from specdraft_eval.drafts.ngram import vocab_fingerprint
+from specdraft_eval.engine.drafter import FINAL
+from specdraft_eval.engine.taps import FeatureTap
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.files import atomic_output, write_json
-from specdraft_eval.taps import FeatureTap
-from specdraft_eval.targets import LoadSettings
+from specdraft_eval.models.targets import LoadSettings
 from zoo.ngram import generate_batches, ngram_prompts
-from zoo.prune import check_out
 from zoo.progress import Tick, no_progress
+from zoo.prune import check_out
 
 
 @dataclass(frozen=True)

@@ -16,15 +16,15 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from specdraft_eval.analytical import Latencies, predicted_from_latencies
 from specdraft_eval.drafts.composite import CompositeDrafter
-from specdraft_eval.engine import speculative_generate
-from specdraft_eval.environment import hardware
+from specdraft_eval.engine.loop import speculative_generate
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.files import atomic_write, write_json
-from specdraft_eval.profiles import Profile
-from specdraft_eval.stats import GenerationStats
-from specdraft_eval.targets import LoadSettings
+from specdraft_eval.measure.analytical import Latencies, predicted_from_latencies
+from specdraft_eval.measure.environment import hardware
+from specdraft_eval.measure.profiles import Profile
+from specdraft_eval.measure.stats import GenerationStats
+from specdraft_eval.models.targets import LoadSettings
 from zoo.leaderboard import png_bytes
 from zoo.profile import context_tokens, engine_latency
 from zoo.progress import Tick, no_progress
@@ -194,7 +194,7 @@ def run(target_name: str, drafts: list[str], tasks: list[str], n_prompts: int, g
     """``zoo validate``: load the target and drafts with ``settings``, :func:`validate` on each task's first
     ``n_prompts`` prompts, write the plot at ``plot_path`` and the figures beside it (``.json``); return them."""
     from specdraft_eval.drafts import load_draft
-    from specdraft_eval.offline_data import task_prompts
+    from specdraft_eval.integration.offline_data import task_prompts
 
     check_options(n_prompts, repeats, max_new_tokens)
     texts = {task: task_prompts(task)[:n_prompts] for task in tasks}

@@ -10,12 +10,12 @@ import json
 import os
 from pathlib import Path
 
-from specdraft_eval import kernels
-from specdraft_eval.drafts.base import Drafter, Proposal
 from specdraft_eval.drafts.composite import CompositeDrafter
 from specdraft_eval.drafts.model import DRAFT_VOCAB_FILE, ModelDrafter
 from specdraft_eval.drafts.spec import AUTO, COMPOSITE, MODEL, DraftSpec, draft_kinds
+from specdraft_eval.engine.drafter import Drafter, Proposal
 from specdraft_eval.errors import SpecdecError
+from specdraft_eval.models import kernels
 
 __all__ = ["Drafter", "Proposal", "ModelDrafter", "DraftSpec", "load_draft", "draft_kinds", "check_tokenizers"]
 
@@ -43,7 +43,7 @@ def load_draft(spec: str | DraftSpec, target, tokenizer) -> Drafter:
         return load_draft(resolve_auto(target).draft, target, tokenizer)
     if spec.kind != MODEL:
         return kinds[spec.kind](spec.arg, target, tokenizer)
-    from specdraft_eval.targets import load_target
+    from specdraft_eval.models.targets import load_target
 
     name = spec.arg
     dtype = str(target.dtype).removeprefix("torch.")
@@ -60,9 +60,9 @@ def load_draft(spec: str | DraftSpec, target, tokenizer) -> Drafter:
 
 
 def resolve_auto(target):
-    """What ``auto`` means for ``target`` on its device (:func:`specdraft_eval.recommend.recommend`)."""
-    from specdraft_eval.environment import hardware
-    from specdraft_eval.recommend import recommend
+    """What ``auto`` means for ``target`` on its device (:func:`specdraft_eval.integration.recommend.recommend`)."""
+    from specdraft_eval.integration.recommend import recommend
+    from specdraft_eval.measure.environment import hardware
 
     name = getattr(target, "specdraft_name", None)
     if name is None:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from specdraft_eval.drafts.base import Drafter, Proposal
+from specdraft_eval.engine.drafter import Drafter, Proposal
+from specdraft_eval.engine.sampling import Sampler
 from specdraft_eval.errors import SpecdecError
-from specdraft_eval.sampling import Sampler
 
 SEPARATOR = "|"
 

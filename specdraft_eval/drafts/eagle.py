@@ -28,14 +28,20 @@ import torch
 from torch import nn
 from transformers import LlamaConfig
 from transformers.masking_utils import create_causal_mask
-from transformers.models.llama.modeling_llama import (LlamaAttention, LlamaDecoderLayer, LlamaMLP, LlamaRMSNorm,
-                                                      LlamaRotaryEmbedding)
+from transformers.models.llama.modeling_llama import (
+    LlamaAttention,
+    LlamaDecoderLayer,
+    LlamaMLP,
+    LlamaRMSNorm,
+    LlamaRotaryEmbedding,
+)
 
-from specdraft_eval import kernels, kv
-from specdraft_eval.drafts.base import FINAL, Proposal
 from specdraft_eval.drafts.model import choose
+from specdraft_eval.engine import kv_cache
+from specdraft_eval.engine.drafter import FINAL, Proposal
+from specdraft_eval.engine.sampling import Sampler
 from specdraft_eval.errors import SpecdecError
-from specdraft_eval.sampling import Sampler
+from specdraft_eval.models import kernels
 
 EAGLE, EAGLE3 = "eagle", "eagle3"
 HEAD_FILE = "eagle.json"
@@ -158,7 +164,7 @@ class EagleDrafter:
         self.reset()
 
     def reset(self, capacity: int | None = None) -> None:
-        self._cache = kv.new_cache(self.model.config, capacity)
+        self._cache = kv_cache.new_cache(self.model.config, capacity)
         self._pending: list[torch.Tensor] = []  # the target's features not yet fed to the head
         self._seen = 0  # positions whose target features have arrived
         self._fed = 0  # (feature, next token) pairs in the head's cache computed from the target's features
@@ -180,7 +186,7 @@ class EagleDrafter:
         if self._seen == 0 or num_tokens < 1:
             return Proposal([])
         head, device = self.model, self._embed.weight.device
-        kv.rollback(self._cache, self._fed)
+        kv_cache.rollback(self._cache, self._fed)
         if self._pending:
             features = torch.cat(self._pending)[None]  # [1, new, F]
             ids = torch.tensor([tokens[self._fed + 1:]], device=device)  # the token after each position

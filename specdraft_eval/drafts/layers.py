@@ -12,6 +12,7 @@ import torch
 
 from specdraft_eval.drafts.model import ModelDrafter
 from specdraft_eval.errors import SpecdecError
+from specdraft_eval.models.structure import decoder_path
 
 
 def parse_layers(spec: str, depth: int) -> list[int]:
@@ -37,22 +38,6 @@ def parse_layers(spec: str, depth: int) -> list[int]:
     return layers
 
 
-def _decoder_path(model: torch.nn.Module, depth: int) -> list[str]:
-    """Attribute path from ``model`` to its ModuleList of ``depth`` decoder layers."""
-    for name, module in model.named_modules():
-        if isinstance(module, torch.nn.ModuleList) and len(module) == depth and name:
-            return name.split(".")
-    raise SpecdecError(f"cannot find the decoder layers of {type(model).__name__}: use a separate draft model instead")
-
-
-def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
-    """``model``'s decoder layers."""
-    module = model
-    for attr in _decoder_path(model, model.config.num_hidden_layers):
-        module = getattr(module, attr)
-    return module
-
-
 def _shallow(module: torch.nn.Module) -> torch.nn.Module:
     """A new module object sharing parameters and children but with its own child table and hooks."""
     clone = copy.copy(module)
@@ -70,7 +55,7 @@ def layer_view(target: torch.nn.Module, layers: list[int]) -> torch.nn.Module:
     config.num_hidden_layers = len(layers)
     if getattr(config, "layer_types", None):
         config.layer_types = [target.config.layer_types[i] for i in layers]
-    path = _decoder_path(target, depth)
+    path = decoder_path(target, depth)
     root = _shallow(target)
     parent = root
     for attr in path[:-1]:

@@ -6,10 +6,10 @@ import copy
 
 import torch
 
-from specdraft_eval import kv
-from specdraft_eval.drafts.base import NoFeedback, Proposal
+from specdraft_eval.engine import kv_cache
+from specdraft_eval.engine.drafter import NoFeedback, Proposal
+from specdraft_eval.engine.sampling import Sampler
 from specdraft_eval.errors import SpecdecError
-from specdraft_eval.sampling import Sampler
 
 DRAFT_VOCAB_FILE = "draft_vocab.json"
 """In a draft directory: the token ids its reduced output head covers (``zoo prune --vocab-top K``)."""
@@ -60,11 +60,11 @@ class ModelDrafter(NoFeedback):
         return self._ids is not None
 
     def _logits(self, tokens: list[int]) -> torch.Tensor:
-        logits = kv.forward(self.model, tokens, self._cache, 1)[-1]
+        logits = kv_cache.forward(self.model, tokens, self._cache, 1)[-1]
         return logits if self._ids is not None else logits[: self.vocab_size]
 
     def reset(self, capacity: int | None = None) -> None:
-        self._cache = kv.new_cache(self.model.config, capacity)
+        self._cache = kv_cache.new_cache(self.model.config, capacity)
         self._cached: list[int] = []  # the tokens whose keys/values are in the cache
 
     def fork(self) -> ModelDrafter:
@@ -82,7 +82,7 @@ class ModelDrafter(NoFeedback):
 
     def propose(self, tokens: list[int], num_tokens: int, sampler: Sampler) -> Proposal:
         keep = self._common_prefix(tokens)
-        kv.rollback(self._cache, keep)
+        kv_cache.rollback(self._cache, keep)
         logits = self._logits(tokens[keep:])
         drafted: list[int] = []
         rows: list[torch.Tensor] = []

@@ -13,9 +13,9 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from specdraft_eval.drafts.base import NoFeedback, Proposal
+from specdraft_eval.engine.drafter import NoFeedback, Proposal
+from specdraft_eval.engine.sampling import Sampler
 from specdraft_eval.errors import SpecdecError
-from specdraft_eval.sampling import Sampler
 
 NGRAM_FILE = "ngram.json"
 FORMAT = "specdraft-ngram/1"

@@ -7,9 +7,9 @@ accepted more than the most recent one (TAR 1.24 against 1.02 at γ=4).
 
 from __future__ import annotations
 
-from specdraft_eval.drafts.base import NoFeedback, Proposal
+from specdraft_eval.engine.drafter import NoFeedback, Proposal
+from specdraft_eval.engine.sampling import Sampler
 from specdraft_eval.errors import SpecdecError
-from specdraft_eval.sampling import Sampler
 
 
 class PromptLookupDrafter(NoFeedback):

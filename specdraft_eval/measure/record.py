@@ -4,7 +4,7 @@ configuration.
 This module alone owns the record's schema (``SCHEMA_VERSION``), reads results files with a version check
 (:func:`read_results`, :func:`scan_results`) and merges records (:meth:`SpecdecRecord.merge`,
 :func:`configurations`). Figure conventions (TAR counts the target's own token; per-position counts as vLLM's)
-are in :mod:`specdraft_eval.stats`; writing goes through :mod:`specdraft_eval.files`.
+are in :mod:`specdraft_eval.measure.stats`; writing goes through :mod:`specdraft_eval.files`.
 
 Schema history: 1 called tokens emitted per step ``mean_accepted_length`` and wrote ``tar`` for accepted
 draft tokens per step; 2 (now) writes ``tar`` for tokens emitted per step (the paper's TAR), adds
@@ -18,11 +18,11 @@ import warnings
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-from specdraft_eval.analytical import Latencies, predicted_from_latencies
-from specdraft_eval.environment import ModelFacts, hardware, versions
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.files import RecordError, RecordWarning, check_version, load_json
-from specdraft_eval.stats import GenerationStats
+from specdraft_eval.measure.analytical import Latencies, predicted_from_latencies
+from specdraft_eval.measure.environment import ModelFacts, hardware, versions
+from specdraft_eval.measure.stats import GenerationStats
 
 __all__ = ["SCHEMA_VERSION", "MAX_MISMATCH_DETAILS", "RecordError", "RecordWarning", "SpecdecRecord",
            "ResultsFile", "read_results", "scan_results", "Configuration", "configurations"]

@@ -1,13 +1,13 @@
 """The target's hidden states at a draft's taps, recorded during each forward pass (forward hooks), for drafts
-that read them back (:attr:`~specdraft_eval.drafts.base.Drafter.taps`: EAGLE-style heads)."""
+that read them back (:attr:`~specdraft_eval.engine.drafter.Drafter.taps`: EAGLE-style heads)."""
 
 from __future__ import annotations
 
 import torch
 
-from specdraft_eval.drafts.base import FINAL
-from specdraft_eval.drafts.layers import decoder_layers
+from specdraft_eval.engine.drafter import FINAL
 from specdraft_eval.errors import SpecdecError
+from specdraft_eval.models.structure import decoder_layers
 
 
 class FeatureTap:

@@ -19,24 +19,24 @@ import torch
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
-from specdraft_eval import kernels as kernel_paths
 from specdraft_eval.drafts import load_draft
 from specdraft_eval.drafts.model import ModelDrafter
-from specdraft_eval.engine import (
-    DecodeParams,
+from specdraft_eval.engine.gamma import GammaController
+from specdraft_eval.engine.loop import (
     autoregressive_generate_batch,
     divergence,
     speculative_generate_batch,
 )
+from specdraft_eval.engine.params import DecodeParams
 from specdraft_eval.errors import SpecdecError, one_line, raise_terminated
-from specdraft_eval.gamma import GammaController
-from specdraft_eval.recommend import recommend
-from specdraft_eval.environment import ModelFacts, hardware
-from specdraft_eval.profiles import default_profile_path, read_profile
-from specdraft_eval.record import SpecdecRecord
-from specdraft_eval.report import table
-from specdraft_eval.stats import GenerationStats
-from specdraft_eval.targets import ALIASES, DEFAULT_TARGET, local_dir, resolve
+from specdraft_eval.integration.recommend import recommend
+from specdraft_eval.measure.environment import ModelFacts, hardware
+from specdraft_eval.measure.profiles import default_profile_path, read_profile
+from specdraft_eval.measure.record import SpecdecRecord
+from specdraft_eval.measure.report import table
+from specdraft_eval.measure.stats import GenerationStats
+from specdraft_eval.models import kernels as kernel_paths
+from specdraft_eval.models.targets import ALIASES, DEFAULT_TARGET, local_dir, resolve
 
 log = logging.getLogger(__name__)
 GENERATION_KEYS = {"do_sample", "temperature", "top_k", "top_p"}
@@ -81,7 +81,7 @@ class SpecDecLM(HFLM):
     """HFLM whose ``generate_until`` runs speculative decoding with ``draft``.
 
     model_args: ``pretrained`` (alias, directory, .gguf, hub id), ``draft`` (``prompt-lookup[:N]``,
-    ``layers:SPEC``, a draft model, ``A|B``, or ``auto``: :func:`~specdraft_eval.recommend.recommend`, whose
+    ``layers:SPEC``, a draft model, ``A|B``, or ``auto``: :func:`~specdraft_eval.integration.recommend.recommend`, whose
     γ and dynamic γ apply unless given), ``num_draft_tokens`` (γ, default 4), ``dynamic_gamma``,
     ``baseline`` (also time plain decoding of every request, for speedup), ``seed``, ``kernels`` (``onednn``:
     pre-packed CPU linears, the default; ``plain``: PyTorch's own), ``score`` (``target``, the default, or
@@ -255,7 +255,7 @@ class SpecDecLM(HFLM):
         return int(max(1, min(self.max_batch_size or 64, fits)))
 
     def _stop_check(self, stop: list[str]):
-        """A :data:`~specdraft_eval.engine.StopCheck` that decodes only the tokens that can hold a new match:
+        """A :data:`~specdraft_eval.engine.loop.StopCheck` that decodes only the tokens that can hold a new match:
         those since the last call, plus a margin of one token per character of the longest stop sequence.
         One check serves one generation."""
         stops = [s for s in stop or [] if s]

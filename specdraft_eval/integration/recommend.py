@@ -19,7 +19,7 @@ from pathlib import Path
 from specdraft_eval import published
 from specdraft_eval.drafts.spec import AUTO, DraftSpec, draft_kinds
 from specdraft_eval.files import RecordWarning
-from specdraft_eval.record import Configuration, configurations, scan_results
+from specdraft_eval.measure.record import Configuration, configurations, scan_results
 
 FALLBACK_DRAFT, FALLBACK_GAMMA = "prompt-lookup", 4  # with dynamic γ
 
@@ -63,7 +63,7 @@ class Recommendation:
 def localised(draft: str) -> str | None:
     """``draft`` with relative paths that exist only among the published files made absolute; None if a part
     is missing (neither a kind without files, an alias, nor an existing path from here or the published base)."""
-    from specdraft_eval.targets import ALIASES
+    from specdraft_eval.models.targets import ALIASES
 
     kinds = draft_kinds()
     spec = DraftSpec.parse(draft, kinds)
@@ -107,7 +107,7 @@ def _score(candidate: Candidate, task: str | None) -> float | None:
 def recommend(target: str, task: str | None = None, results: list[Path] | None = None,
               hardware: str | None = None) -> Recommendation:
     """The fastest measured configuration for ``target`` that loads here, those measured on ``hardware`` (this
-    machine's name, :func:`specdraft_eval.environment.hardware`) first (see the module docstring). ``results``
+    machine's name, :func:`specdraft_eval.measure.environment.hardware`) first (see the module docstring). ``results``
     default: the published results (:mod:`specdraft_eval.published`)."""
     scored = candidates(target, results if results is not None else [published.results()])
     for candidate in scored:

@@ -1,5 +1,5 @@
 """The serving path: our draft kinds as vLLM ``speculative_config`` dicts, and vLLM's speculative-decoding counters
-as our :class:`~specdraft_eval.stats.GenerationStats`, so the record, the leaderboard and ``zoo rank`` read a vLLM
+as our :class:`~specdraft_eval.measure.stats.GenerationStats`, so the record, the leaderboard and ``zoo rank`` read a vLLM
 run unchanged. Neither needs vLLM installed (see ARCHITECTURE.md, "Beyond one machine").
 
 vLLM's counters (``LLM.get_metrics()`` or the Prometheus endpoint; with or without the ``vllm:`` prefix and the
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from specdraft_eval.drafts.spec import AUTO, COMPOSITE, MODEL, DraftSpec
 from specdraft_eval.errors import SpecdecError
-from specdraft_eval.stats import GenerationStats
+from specdraft_eval.measure.stats import GenerationStats
 
 COUNTERS = ("spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens",
             "spec_decode_num_accepted_tokens_per_pos", "generation_tokens", "request_success")

@@ -168,12 +168,12 @@ class LoadSettings:
 def load_target(name: str, device: str = "cpu", dtype: str = "float32", kernels: str = "plain",
                 use_kernels: bool = False):
     """Load a causal LM and its tokenizer: ``model, tokenizer = load_target("smollm2-135m-instruct")``;
-    ``kernels="onednn"`` pre-packs its linear layers (:mod:`specdraft_eval.kernels`; inference only).
+    ``kernels="onednn"`` pre-packs its linear layers (:mod:`specdraft_eval.models.kernels`; inference only).
     transformers' hub kernels are used only with ``use_kernels=True`` (they are fetched from the hub)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from specdraft_eval import kernels as kernel_paths
+    from specdraft_eval.models import kernels as kernel_paths
 
     kernel_paths.check(kernels)
 

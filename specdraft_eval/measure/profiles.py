@@ -9,9 +9,16 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specdraft_eval.analytical import Latencies
-from specdraft_eval.environment import default_device, hardware
-from specdraft_eval.files import RecordError, RecordWarning, cache_root, check_version, load_json, write_json
+from specdraft_eval.files import (
+    RecordError,
+    RecordWarning,
+    cache_root,
+    check_version,
+    load_json,
+    write_json,
+)
+from specdraft_eval.measure.analytical import Latencies
+from specdraft_eval.measure.environment import default_device, hardware
 
 PROFILE_SCHEMA_VERSION = 2
 """2: latencies measured as the engine runs (growing cache, the engine's clock), t_verify_ms keyed by the
@@ -121,7 +128,7 @@ class Profile:
 
 def default_profile_path(target: str, device: str | None = None, kernels: str = "plain") -> Path:
     """Where this machine's profile of ``target`` is cached (per hardware, target and kernel path: see
-    :mod:`specdraft_eval.kernels`; plain-kernel profiles keep the name they had before kernel paths existed)."""
+    :mod:`specdraft_eval.models.kernels`; plain-kernel profiles keep the name they had before kernel paths existed)."""
     suffix = "" if kernels == "plain" else f"--{kernels}"
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{hardware(device or default_device())}--{target}{suffix}")
     return cache_root() / "profiles" / f"{slug}.json"

@@ -13,7 +13,7 @@ import importlib.machinery
 import sys
 
 WATCHED = "lm_eval.models"
-TARGET = "specdraft_eval.lm_eval_model:SpecDecLM"
+TARGET = "specdraft_eval.integration.lm_eval_model:SpecDecLM"
 
 
 def register() -> None:

@@ -7,7 +7,7 @@ from typing import Protocol
 
 import torch
 
-from specdraft_eval.sampling import Sampler
+from specdraft_eval.engine.sampling import Sampler
 
 
 @dataclass
