@@ -106,7 +106,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(2)
-    target, tokenizer = load_target(args.target)
+    loaded = load_target(args.target)
+    target, tokenizer = loaded.model, loaded.tokenizer
     gammas = [int(g) for g in args.gammas.split(",")]
     outputs = {}
     for item in args.limits.split(","):
@@ -118,7 +119,7 @@ def main() -> None:
               "outputs_at_the_budget": {t: sum(len(o) >= args.max_new_tokens for _, o in d) for t, d in outputs.items()},
               "drafts": {}}
     for spec in args.drafts:
-        drafter = load_draft(spec, target, tokenizer)
+        drafter = load_draft(spec, loaded)
         report["drafts"][spec] = {}
         for task, docs in outputs.items():
             if hasattr(drafter, "model") and not hasattr(drafter, "parts"):

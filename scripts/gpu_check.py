@@ -183,9 +183,11 @@ def bench(check: Check) -> None:
     target = check.target()
     prompts = task_prompts("specdec_humaneval")[:3] + task_prompts("specdec_mmlu_cot")[:1]
     from specdraft_eval.drafts.eagle import EagleDrafter
+    from specdraft_eval.models.targets import Target
     from zoo.train_head import new_head
 
-    drafters = [load_draft("prompt-lookup", target, check.tokenizer), load_draft("layers:0-4", target, check.tokenizer),
+    loaded = Target(target, check.tokenizer)
+    drafters = [load_draft("prompt-lookup", loaded), load_draft("layers:0-4", loaded),
                 EagleDrafter(new_head(target), target, "eagle-head", None)]  # one layer + the target's head
     result = run_bench(target, "random-weight Llama-2-7B shape", check.tokenizer, drafters, prompts, 4,
                        check.args.repeats, check.args.new_tokens, compile=check.args.compile)
@@ -282,12 +284,12 @@ def write_sweep(check: Check, rows: list[dict]) -> None:
     """Part 1's rows as a ``zoo profile --sweep`` file (``sweep.json``: the rows and the latency model fitted to
     them), which ``zoo leaderboard`` plots as latency against depth and width when it lies beside the results."""
     from specdraft_eval.errors import SpecdecError
-    from zoo.hardware import fit_sweep
+    from specdraft_eval.measure.profiles import SweepRow
+    from zoo.latency_model import fit_sweep
 
-    sweep = [{"group": r["shape"].split()[0] if r["shape"].split()[0] in ("depth", "width") else "named",
-              "shape": r["shape"], "layers": r["layers"], "hidden_size": r["hidden_size"],
-              "weight_bytes": r["weight_bytes"], "ms_per_token": r["ms_median"], "ms_min": r["ms_min"],
-              "ms_max": r["ms_max"]} for r in rows]
+    sweep = [SweepRow(r["shape"].split()[0] if r["shape"].split()[0] in ("depth", "width") else "named", r["layers"],
+                      r["hidden_size"], r["weight_bytes"], r["ms_median"], r["ms_min"], r["ms_max"], shape=r["shape"])
+             for r in rows]
     name = check.results["device"]
     try:
         fit = fit_sweep(sweep, name, name, dtype_bytes=torch.finfo(check.dtype).bits // 8)

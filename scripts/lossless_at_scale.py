@@ -29,7 +29,7 @@ from specdraft_eval.engine.loop import divergence, speculative_generate
 from specdraft_eval.files import write_json
 from specdraft_eval.integration.offline_data import task_prompts
 from specdraft_eval.models import kernels
-from specdraft_eval.models.targets import load_target
+from specdraft_eval.models.targets import Target, load_target
 
 REPO = Path(__file__).resolve().parents[1]
 DRAFTS = ["prompt-lookup", "layers:0-4", "prompt-lookup:2-3|leaderboard/drafts/smollm2-ngram"]
@@ -57,10 +57,11 @@ def main() -> None:
     parser.add_argument("--resume", action="store_true", help="continue from the figures already in --out")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    reference_model, tokenizer = load_target("smollm2-135m-instruct", kernels="plain")
+    loaded = load_target("smollm2-135m-instruct", kernels="plain")
+    reference_model, tokenizer = loaded.model, loaded.tokenizer
     target = copy.deepcopy(reference_model)
     kernels.apply(target, "onednn")
-    drafters = {spec: load_draft(_in_repo(spec), target, tokenizer) for spec in args.drafts}
+    drafters = {spec: load_draft(_in_repo(spec), Target(target, tokenizer)) for spec in args.drafts}
     report = {"prompts": 0, "new_tokens": args.new_tokens, "num_draft_tokens": args.num_draft_tokens,
               "by_draft": {spec: {"checked": 0, "identical": 0, "mismatches": []} for spec in args.drafts},
               "by_task": {}, "seconds": 0.0}

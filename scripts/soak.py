@@ -69,8 +69,9 @@ def main() -> None:
     from specdraft_eval.models.targets import load_target
 
     torch.set_num_threads(args.threads)
-    target, tokenizer = load_target("smollm2-135m-instruct", kernels="onednn")
-    drafter = load_draft(args.draft, target, tokenizer)
+    loaded = load_target("smollm2-135m-instruct", kernels="onednn")
+    target, tokenizer = loaded.model, loaded.tokenizer
+    drafter = load_draft(args.draft, loaded)
     prompts = [tokenizer(p).input_ids for p in task_prompts("specdec_humaneval")[:10]]
     report = {"target": "smollm2-135m-instruct", "draft": args.draft,
               **soak(target, drafter, prompts, args.requests, args.new_tokens, progress=True)}

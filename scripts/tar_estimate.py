@@ -32,12 +32,13 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--out", type=Path, default=Path("docs/tar_estimate.json"))
     args = parser.parse_args()
-    target, tokenizer = load_target(args.target)
+    loaded = load_target(args.target)
+    target, tokenizer = loaded.model, loaded.tokenizer
     prompts = {task: [tokenizer(t, return_tensors="pt").input_ids[:, -512:] for t in task_prompts(task)[: args.prompts]]
                for task in TASKS}
     rows = []
     for name in args.drafts:
-        draft = load_draft(name, target, tokenizer)
+        draft = load_draft(name, loaded)
         for task, ids in prompts.items():
             runs = {}
             for gamma in range(args.gamma, 0, -1):

@@ -32,7 +32,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--out", help="also write the figures as JSON here")
     args = parser.parse_args()
-    models = {name: load_target(args.target, kernels=name)[0] for name in kernels.KERNELS}
+    models = {name: load_target(args.target, kernels=name).model for name in kernels.KERNELS}
     context = list(range(100, 100 + args.context))
     caches = {name: prefill(model, [context]).cache for name, model in models.items()}
     times: dict[tuple[str, int], list[float]] = {(n, k): [] for n in models for k in KS}

@@ -49,7 +49,7 @@ def broken_weights(tiny: Path, folder: Path, kind: str) -> Path:
 # --- Python API --------------------------------------------------------------------------------------------
 
 def _generate(loaded, **overrides):
-    model, tok = loaded
+    model = loaded.model
     kwargs = {"max_new_tokens": 4, **overrides}
     prompt = kwargs.pop("prompt", [5, 6, 7, 5, 6])
     return speculative_generate(model, PromptLookupDrafter(), prompt, **kwargs)
@@ -91,7 +91,7 @@ def test_api_behaviour_max_new_tokens_0_returns_nothing(loaded):
 def test_api_behaviour_odd_prompt_text_generates(loaded, text):
     """Whitespace-only text, undecodable bytes (surrogate-escaped, as Python reads them) and control characters
     are just tokens: generation runs as for any prompt (an empty tokenization is the empty-prompt error)."""
-    model, tok = loaded
+    model, tok = loaded.model, loaded.tokenizer
     ids = tok(text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")).input_ids or [0]
     out, _ = speculative_generate(model, PromptLookupDrafter(), ids, 4)
     assert len(out) <= 4
@@ -99,10 +99,10 @@ def test_api_behaviour_odd_prompt_text_generates(loaded, text):
 
 LOAD_ERRORS = {
     "unknown target": (lambda tiny, tmp: load_target("no-such-target"), "unknown model 'no-such-target'"),
-    "unknown draft": (lambda tiny, tmp: load_draft("no-such-draft", *load_target(str(tiny))), "unknown model"),
-    "unknown draft kind argument": (lambda tiny, tmp: load_draft("layers:x", *load_target(str(tiny))), "layers"),
+    "unknown draft": (lambda tiny, tmp: load_draft("no-such-draft", load_target(str(tiny))), "unknown model"),
+    "unknown draft kind argument": (lambda tiny, tmp: load_draft("layers:x", load_target(str(tiny))), "layers"),
     "tokenizer mismatch": (lambda tiny, tmp: load_draft(str(save_tiny(tmp / "other", words=["<unk>", "</s>", *[f"v{i}" for i in range(62)]])),
-                                                        *load_target(str(tiny))), "tokenizer mismatch"),
+                                                        load_target(str(tiny))), "tokenizer mismatch"),
     "corrupt safetensors": (lambda tiny, tmp: load_target(str(broken_weights(tiny, tmp / "m", "corrupt"))), "cannot load model"),
     "truncated safetensors": (lambda tiny, tmp: load_target(str(broken_weights(tiny, tmp / "m", "truncated"))), "cannot load model"),
     "config but no weights": (lambda tiny, tmp: load_target(str(broken_weights(tiny, tmp / "m", "missing"))), "cannot load model"),

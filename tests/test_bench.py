@@ -29,8 +29,9 @@ def prompts_file(tmp_path_factory) -> Path:
 
 
 def test_bench_runs_every_configuration_with_identical_tokens(tiny, prompts_file):
-    target, tokenizer = load_target(str(tiny))
-    drafters = [load_draft(name, target, tokenizer) for name in ("prompt-lookup", "layers:0-1")]
+    loaded = load_target(str(tiny))
+    target, tokenizer = loaded.model, loaded.tokenizer
+    drafters = [load_draft(name, loaded) for name in ("prompt-lookup", "layers:0-1")]
     prompts = bench.load_prompts(None, prompts_file, 3)
     result = bench.run_bench(target, str(tiny), tokenizer, drafters, prompts, gamma=3, repeats=2, max_new_tokens=10)
     rows = result["configs"]
@@ -60,8 +61,9 @@ def test_bench_catches_a_draft_that_changes_the_output(tiny, prompts_file, monke
     from specdraft_eval.engine import verify
 
     monkeypatch.setattr(verify, "accept", lambda logits, proposal, sampler: (len(proposal.tokens), 5))
-    target, tokenizer = load_target(str(tiny))
-    drafter = load_draft("layers:0", target, tokenizer)
+    loaded = load_target(str(tiny))
+    target, tokenizer = loaded.model, loaded.tokenizer
+    drafter = load_draft("layers:0", loaded)
     result = bench.run_bench(target, str(tiny), tokenizer, [drafter], bench.load_prompts(None, prompts_file, 1),
                              gamma=2, repeats=1, max_new_tokens=8)
     identical = {r["engine"]: r["identical"] for r in result["configs"]}
@@ -113,8 +115,8 @@ def test_bench_bad_options(tiny, prompts_file):
 def test_transformers_assistant_gets_constant_gamma_from_its_own_config(tiny):
     """transformers reads the assistant's schedule from the assistant's generation config: bench sets it there
     for the run (constant γ, no confidence stop) and restores the draft's own afterwards."""
-    target, tokenizer = load_target(str(tiny))
-    drafter = load_draft(str(tiny), target, tokenizer)
+    loaded = load_target(str(tiny))
+    drafter = load_draft(str(tiny), loaded)
     own = drafter.model.generation_config
     kwargs = bench.assisted_kwargs(drafter, 3)
     with bench._assistant_settings(kwargs):

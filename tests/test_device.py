@@ -92,9 +92,11 @@ def test_loading_never_asks_for_hub_kernels_unless_told(tiny, monkeypatch):
         return real(cls, *args, **{k: v for k, v in kwargs.items() if k != "use_kernels"})
 
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", classmethod(spy))
-    model, _ = load_target(str(tiny))
+    loaded = load_target(str(tiny))
+    model, _ = loaded.model, loaded.tokenizer
     assert seen == [False] and model.specdraft_use_kernels is False
-    model, _ = LoadSettings(use_kernels=True).load(str(tiny))
+    loaded = LoadSettings(use_kernels=True).load(str(tiny))
+    model, _ = loaded.model, loaded.tokenizer
     assert seen[-1] is True and model.specdraft_use_kernels is True
 
 
@@ -128,4 +130,4 @@ def test_gpu_check_small_rehearsal(tmp_path):
         from specdraft_eval.measure.profiles import read_calibration_file
 
         sweep = read_calibration_file(tmp_path / "sweep.json")
-        assert len(sweep.rows) == 14 and {"depth", "width", "named"} == {r["group"] for r in sweep.rows}
+        assert len(sweep.rows) == 14 and {"depth", "width", "named"} == {r.group for r in sweep.rows}

@@ -76,16 +76,17 @@ def test_prompt_lookup_proposes_what_transformers_proposes():
 
 
 def test_load_draft_kinds(tiny_dir):
-    model, tok = load_target(str(tiny_dir))
-    assert load_draft("prompt-lookup:2", model, tok).name == "prompt-lookup:2"
-    lookup = load_draft("prompt-lookup:2-3", model, tok)
+    loaded = load_target(str(tiny_dir))
+    model = loaded.model
+    assert load_draft("prompt-lookup:2", loaded).name == "prompt-lookup:2"
+    lookup = load_draft("prompt-lookup:2-3", loaded)
     assert (lookup.name, lookup.min_ngram, lookup.max_ngram) == ("prompt-lookup:2-3", 2, 3)
     assert lookup.propose([5, 6, 7, 9, 7], 2, None).tokens == []  # only a 1-gram (7) matches
     assert lookup.propose([5, 6, 7, 9, 6, 7], 2, None).tokens == [9, 6]
-    assert load_draft("layers:0,2", model, tok).name == "layers:0,2"
-    composite = load_draft(f"prompt-lookup | {tiny_dir}", model, tok)
+    assert load_draft("layers:0,2", loaded).name == "layers:0,2"
+    composite = load_draft(f"prompt-lookup | {tiny_dir}", loaded)
     assert composite.name == f"prompt-lookup:3|{tiny_dir}" and composite.model is composite.parts[1].model
-    separate = load_draft(str(tiny_dir), model, tok)
+    separate = load_draft(str(tiny_dir), loaded)
     out, stats = speculative_generate(model, separate, torch.arange(2, 9)[None], 10)
     assert stats.accepted_tokens == stats.draft_tokens  # same weights as the target: all accepted
 
@@ -107,16 +108,16 @@ def test_load_draft_kinds(tiny_dir):
     ],
 )
 def test_bad_drafts(tiny_dir, spec, message):
-    model, tok = load_target(str(tiny_dir))
+    loaded = load_target(str(tiny_dir))
     with pytest.raises(SpecdecError, match=message):
-        load_draft(spec, model, tok)
+        load_draft(spec, loaded)
 
 
 def test_tokenizer_mismatch_is_caught(tiny_dir, tmp_path):
     other = save_tiny(tmp_path / "other", words=["<unk>", "</s>", *[f"v{i}" for i in range(62)]])
-    model, tok = load_target(str(tiny_dir))
+    loaded = load_target(str(tiny_dir))
     with pytest.raises(SpecdecError, match="tokenizer mismatch"):
-        load_draft(str(other), model, tok)
+        load_draft(str(other), loaded)
 
 
 def test_resolve_alias_paths_and_hub_ids(tmp_path):
@@ -139,7 +140,7 @@ def test_hub_id_loads_from_populated_cache_offline(tmp_path):
     save_tiny(snapshot)
     (tmp_path / "hub" / "models--acme--tiny" / "refs").mkdir()
     (tmp_path / "hub" / "models--acme--tiny" / "refs" / "main").write_text("a" * 40)
-    code = "from specdraft_eval import load_target; m, t = load_target('acme/tiny'); print(m.config.num_hidden_layers)"
+    code = "from specdraft_eval import load_target; print(load_target('acme/tiny').model.config.num_hidden_layers)"
     done = subprocess.run([sys.executable, "-c", code], env=_hub_env(tmp_path / "hub"), capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "4"

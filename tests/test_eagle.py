@@ -21,7 +21,7 @@ from specdraft_eval.drafts.eagle import EAGLE3, EagleHead, HeadLayout, build
 from specdraft_eval.engine.drafter import FINAL
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.integration.serving import speculative_config
-from specdraft_eval.models.targets import LoadSettings
+from specdraft_eval.models.targets import LoadSettings, Target
 from zoo.train_head import HeadTraining, head_config, new_head, save_head, train_head
 
 PROMPTS = [[1], [3, 4, 5, 6], list(range(2, 40)), [7, 7, 7, 9, 7, 7]]
@@ -126,7 +126,7 @@ def test_the_head_reads_the_targets_features(tmp_path, target):
 def test_composite_with_a_head_is_lossless_and_the_head_keeps_up(tmp_path, target):
     """`prompt-lookup|eagle:DIR`: the head observes every step, also those prompt lookup drafted."""
     head = eagle_dir(tmp_path, target)
-    draft = load_draft(f"prompt-lookup|eagle:{head}", target, None)
+    draft = load_draft(f"prompt-lookup|eagle:{head}", Target(target, None))
     assert draft.taps == (FINAL,)
     for prompt in PROMPTS:
         out, _ = speculative_generate(target, draft, prompt, 40, num_draft_tokens=3)
@@ -136,7 +136,7 @@ def test_composite_with_a_head_is_lossless_and_the_head_keeps_up(tmp_path, targe
 
 def test_our_head_directory_parses_as_its_kind(tmp_path, target):
     head = eagle_dir(tmp_path, target)
-    assert load_draft(str(head), target, None).name == f"eagle:{head}"
+    assert load_draft(str(head), Target(target, None)).name == f"eagle:{head}"
 
 
 def test_vllm_mapping(tmp_path, target):
@@ -250,8 +250,9 @@ def test_train_head_learns_and_resumes(tmp_path, tiny_dir):
     baseline = train_head(str(tiny_dir), tmp_path / "untrained", untrained)["top1_agreement_by_step"]
     trained = result["top1_agreement_by_step"]
     assert trained[0] > baseline[0] + 0.2 and trained[1] > baseline[1] + 0.1, (trained, baseline)
-    target, tokenizer = LoadSettings().load(str(tiny_dir))
-    draft = load_draft(f"eagle:{out}", target, tokenizer)
+    loaded = LoadSettings().load(str(tiny_dir))
+    target = loaded.model
+    draft = load_draft(f"eagle:{out}", loaded)
     for prompt in PROMPTS[1:]:
         spec, stats = speculative_generate(target, draft, prompt, 30, num_draft_tokens=4)
         assert spec == autoregressive_generate(target, prompt, 30)[0]
@@ -269,7 +270,7 @@ def test_train_head_cli(tmp_path, tiny_dir):
 
 
 def test_rank_shapes_a_head_as_one_layer_with_its_vocabulary(tmp_path, target):
-    from zoo.hardware import shape_from_config
+    from zoo.latency_model import shape_from_config
     from zoo.shapes import draft_shape
 
     shape = shape_from_config(target.config)
@@ -284,7 +285,8 @@ def test_training_features_are_the_teacher_forced_ones(tiny_dir):
     teacher-forced pass over the same tokens (up to their float16 storage)."""
     from zoo.train_head import generations
 
-    target, tokenizer = LoadSettings().load(str(tiny_dir))
+    loaded = LoadSettings().load(str(tiny_dir))
+    target, tokenizer = loaded.model, loaded.tokenizer
     texts = ["w1 w2 w3", "w5 w6 w7 w8 w9 w10 w11", "w3"]
     sequences, features, generated = generations(target, tokenizer, texts, HeadTraining(new_tokens=12),
                                                   lambda *a, **k: None)

@@ -63,5 +63,5 @@ def test_a_model_draft_follows_its_targets_kernels(tmp_path):
 
     path = save_tiny(tmp_path / "tiny")
     for choice in kernels.KERNELS:
-        target, tokenizer = load_target(str(path), kernels=choice)
-        assert kernels.kernels_of(load_draft(str(path), target, tokenizer).model) == choice
+        loaded = load_target(str(path), kernels=choice)
+        assert kernels.kernels_of(load_draft(str(path), loaded).model) == choice

@@ -206,19 +206,19 @@ def test_one_row_per_configuration_runs_merged(results, tmp_path):
     """A rerun of a configuration (or an `auto` run that resolved to it) adds a run to its row, not a row: counters
     summed, speedup the median with min and max over runs, the number of runs shown."""
     from specdraft_eval.measure.record import scan_results
-    from zoo.leaderboard import collect
+    from zoo.leaderboard.rows import collect
 
     for scale in (2.0, 4.0):  # two more runs of prompt-lookup:3, faster each time
         write_result(results / f"rerun-{scale}", "prompt-lookup:3", scale)
-    rows = [r for r in collect([results]) if r["draft"] == "prompt-lookup:3"]
+    rows = [r for r in collect([results]) if r.draft == "prompt-lookup:3"]
     assert len(rows) == 2  # one per task
-    by_task = {r["task"]: r for r in rows}
+    by_task = {r.task: r for r in rows}
     humaneval = by_task["specdec_humaneval"]
     speedups = sorted(f.record.per_task["specdec_humaneval"].speedup for f in scan_results([results])
                       if f.record.draft == "prompt-lookup:3")
-    assert humaneval["runs"] == 3
-    assert (humaneval["speedup_min"], humaneval["speedup"], humaneval["speedup_max"]) == tuple(speedups)
-    assert humaneval["documents"] == 3  # generations summed over the runs
+    assert humaneval.runs == 3
+    assert (humaneval.speedup_min, humaneval.speedup, humaneval.speedup_max) == tuple(speedups)
+    assert humaneval.documents == 3  # generations summed over the runs
     out = tmp_path / "page"
     assert build(results, out).returncode == 0
     lines = (out / "leaderboard.csv").read_text().splitlines()
@@ -240,7 +240,7 @@ def write_score(folder: Path, model: str, bits: dict[str, float], as_draft: bool
 def test_rank_correlation_is_spearmans_with_ties():
     from scipy.stats import spearmanr
 
-    from zoo.leaderboard import rank_correlation
+    from zoo.leaderboard.findings import rank_correlation
 
     xs, ys = [3.0, 1.0, 2.0, 2.0, 5.0, 0.5], [1.0, 1.5, 1.0, 2.0, 1.0, 3.0]
     assert rank_correlation(xs, ys) == pytest.approx(spearmanr(xs, ys).statistic)
@@ -284,10 +284,10 @@ def test_latency_sweeps_beside_the_results_are_a_table_and_a_figure(results, tmp
     """A sweep file (zoo profile --sweep --out, or gpu_check.py's part 1) adds a latency table for its hardware
     (a choice in the page's hardware filter) and the latency-vs-depth-and-width figure."""
     from specdraft_eval.files import write_json
-    from zoo.hardware import fit_sweep
+    from specdraft_eval.measure.profiles import SweepRow
+    from zoo.latency_model import fit_sweep
 
-    rows = [{"group": group, "layers": layers, "hidden_size": hidden, "weight_bytes": layers * hidden * hidden * 24,
-             "ms_per_token": 1.0 + 0.6 * layers + hidden / 8192, "ms_min": 0.9, "ms_max": 30.0}
+    rows = [SweepRow(group, layers, hidden, layers * hidden * hidden * 24, 1.0 + 0.6 * layers + hidden / 8192, 0.9, 30.0)
             for group, layers, hidden in [("depth", n, 4096) for n in (1, 2, 4, 8)] + [("width", 4, 1024), ("width", 4, 8192)]]
     write_json(results / "sweeps" / "sweep_h200.json", fit_sweep(rows, "h200", "NVIDIA H200", 2).to_json())
     out = tmp_path / "out"

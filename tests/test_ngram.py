@@ -16,6 +16,7 @@ from specdraft_eval.drafts.ngram import (
     save_continuations,
 )
 from specdraft_eval.engine.sampling import Sampler
+from specdraft_eval.models.targets import Target
 
 GREEDY = Sampler(False, 1.0, 0, 1.0, None)
 
@@ -42,7 +43,7 @@ def tokenizer():
 def test_saved_draft_loads_by_kind_and_by_directory(tmp_path, tokenizer):
     save_continuations(tmp_path, tokenizer, [[3, 4, 5, 3, 4, 6]], {"source": "x"})
     for spec in (f"ngram:{tmp_path}", str(tmp_path)):
-        draft = load_draft(spec, tiny_llama(), tokenizer)
+        draft = load_draft(spec, Target(tiny_llama(), tokenizer))
         assert draft.propose([3, 4], 2, GREEDY).tokens == [5, 3]
 
 

@@ -9,6 +9,7 @@ from conftest import run_cli, save_tiny
 from test_leaderboard import write_result
 
 from specdraft_eval.integration.recommend import recommend
+from specdraft_eval.measure.environment import hardware
 
 TARGET = "smollm2-135m-instruct"  # the target write_result records
 
@@ -75,13 +76,16 @@ def test_zoo_recommend_cli(results, tmp_path):
 
 def test_lm_eval_model_resolves_auto(tmp_path, monkeypatch):
     """draft=auto takes the recommendation's draft, γ and dynamic γ; explicit model_args win."""
-    from specdraft_eval.integration import lm_eval_model
+    from specdraft_eval.integration import lm_eval_model, recommend
     from specdraft_eval.integration.recommend import Recommendation
 
     tiny = save_tiny(tmp_path / "tiny")
-    monkeypatch.setattr(lm_eval_model, "recommend", lambda target, hardware: Recommendation(target, None, "layers:0", 2, True, "test"))
+    asked = []
+    monkeypatch.setattr(recommend, "recommend", lambda target, hardware: asked.append((target, hardware))
+                        or Recommendation(target, None, "layers:0", 2, True, "test"))
     lm = lm_eval_model.SpecDecLM(pretrained=str(tiny), draft="auto", device="cpu")
     assert (lm._drafter.name, lm.num_draft_tokens, lm.dynamic_gamma) == ("layers:0", 2, True)
+    assert asked == [(str(tiny), hardware("cpu"))]  # looked up by the target's name on the hardware it runs on
     lm = lm_eval_model.SpecDecLM(pretrained=str(tiny), draft="auto", num_draft_tokens=5, dynamic_gamma="false",
                                  device="cpu")
     assert (lm.num_draft_tokens, lm.dynamic_gamma) == (5, False)

@@ -11,9 +11,9 @@ import pytest
 from conftest import run_cli
 
 from specdraft_eval import published
+from specdraft_eval.drafts.spec import COMPOSITE, MODEL, DraftSpec, draft_kinds
 from specdraft_eval.engine import loop as engine
 from specdraft_eval.engine.params import DecodeParams
-from specdraft_eval.drafts.spec import COMPOSITE, MODEL, DraftSpec, draft_kinds
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.measure.record import scan_results
 

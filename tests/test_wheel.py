@@ -1,5 +1,5 @@
 """Installed, not only cloned: a wheel installed (not editable) into a fresh environment answers ``zoo recommend``,
-``zoo rank --gpu h100`` and ``load_draft("auto", ...)`` from a temporary directory as the checkout does."""
+``zoo rank --gpu h100`` and ``resolve_auto`` (``draft=auto``) from a temporary directory as the checkout does."""
 
 from __future__ import annotations
 
@@ -19,8 +19,9 @@ pytestmark = pytest.mark.slow
 PROBE = """
 import json, sys
 from specdraft_eval import load_draft, load_target, published
-target, tokenizer = load_target("smollm2-135m-instruct")
-draft = load_draft("auto", target, tokenizer)
+from specdraft_eval.integration.recommend import resolve_auto
+target = load_target("smollm2-135m-instruct")
+draft = load_draft(resolve_auto(target).draft, target)
 print(json.dumps({"auto": draft.name, "published": str(published.base()), "module": __import__("specdraft_eval").__file__}))
 """
 

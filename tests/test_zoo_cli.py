@@ -47,8 +47,8 @@ def test_prune_writes_a_loadable_draft(tiny, tmp_path):
     assert result["kept_layers"] == [0, 3]
     meta = json.loads((out / "zoo.json").read_text())
     assert meta["kept_layers"] == [0, 3] and meta["source_layers"] == 4
-    target, tokenizer = load_target(str(tiny))
-    draft = load_draft(str(out), target, tokenizer)
+    loaded = load_target(str(tiny))
+    draft = load_draft(str(out), loaded)
     assert draft.model.config.num_hidden_layers == 2
 
 
@@ -58,9 +58,10 @@ def test_prune_vocab_top_gives_a_reduced_head(tiny, tmp_path):
                       "--out", str(out))
     assert result["vocab_top"] == 5
     ids = json.loads((out / "draft_vocab.json").read_text())
-    target, tokenizer = load_target(str(tiny))
+    loaded = load_target(str(tiny))
+    tokenizer = loaded.tokenizer
     assert set(tokenizer.convert_tokens_to_ids(["w1", "w2", "w3"])) <= set(ids)
-    draft = load_draft(str(out), target, tokenizer)
+    draft = load_draft(str(out), loaded)
     assert draft.model.lm_head.out_features == len(ids)
 
 

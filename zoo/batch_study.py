@@ -97,10 +97,9 @@ def table_rows(result: dict) -> list[dict]:
 def study(target_name: str, drafts: list[str], prompts: list[str], batch_sizes: list[int], gamma: int, repeats: int,
           max_new_tokens: int, settings: LoadSettings, tick: Tick = no_progress) -> dict:
     """``zoo bench --batch-size``: load the target and drafts with ``settings`` and :func:`run_batch_study`."""
-    from specdraft_eval.drafts import load_draft
+    from zoo.loading import load_run
 
-    model, tokenizer = settings.load(target_name)
-    drafters = [load_draft(name, model, tokenizer) for name in drafts]
+    target, drafters = load_run(target_name, drafts, settings)
     tick(0, total=sum(-(-len(prompts) // size) for size in batch_sizes) * repeats * len(drafters))
-    return run_batch_study(model, tokenizer, drafters, prompts, batch_sizes, gamma, repeats, max_new_tokens,
+    return run_batch_study(target.model, target.tokenizer, drafters, prompts, batch_sizes, gamma, repeats, max_new_tokens,
                            on_run=tick)

@@ -46,7 +46,6 @@ NEAR_TIE_LOGIT_MARGIN = 0.5
 """In bfloat16/float16, a divergence whose logit margin is at most this is counted as numerics, not a bug."""
 AUTOREGRESSIVE, ASSISTED, OURS, OURS_DYNAMIC, OURS_PLAIN = (
     "transformers autoregressive", "transformers assisted", "specdraft", "specdraft dynamic γ", "specdraft plain")
-ENGINE = (OURS, OURS_DYNAMIC, OURS_PLAIN)  # our engine's rows: one forward (eager or compiled) for all three
 
 
 class ForwardTimer:
@@ -408,7 +407,7 @@ def _step_figures(config: Config, flat: list[Run], target_s: float, draft_s: flo
                 "verify_ms_per_step": target_s / steps * 1000 if steps else None,
                 "mean_gamma": None}
     stats = sum((r.stats for r in flat), GenerationStats())
-    prefill = sum(r.target_calls[0] for r in flat if r.prompt_tokens > 1 and r.target_calls)  # engine._prefill
+    prefill = sum(r.target_calls[0] for r in flat if r.prompt_tokens > 1 and r.target_calls)  # the prefill (engine.loop.prefill)
     verify = (target_s - prefill) / stats.steps if stats.steps else None
     drafted = stats.draft_tokens
     draft_time = draft_s if draft_calls else stats.draft_seconds  # a model-free draft's latency is its lookup
@@ -443,15 +442,15 @@ def bench(target_name: str, drafts: list[str], prompts: list[str], gamma: int, r
     """``zoo bench``: load the target with ``settings`` (and, where ours runs other kernels, a plain copy for
     transformers as users run it), time every configuration (:func:`run_bench`) and refuse a result whose tokens
     differ beyond reduced precision's near-ties (:func:`check_lossless`)."""
-    from specdraft_eval.drafts import load_draft
+    from zoo.loading import load_run
 
     check_options(gamma, repeats, max_new_tokens)
-    model, tokenizer = settings.load(target_name)
+    target, drafters = load_run(target_name, drafts, settings)
+    model, tokenizer = target.model, target.tokenizer
     plain = None
-    if kernels.kernels_of(model) != "plain":  # transformers as users run it, too
-        plain_model, _ = replace(settings, kernels="plain").load(target_name)
-        plain = plain_model, [load_draft(name, plain_model, tokenizer) for name in drafts]
-    drafters = [load_draft(name, model, tokenizer) for name in drafts]
+    if settings.kernels != "plain":  # transformers as users run it, too
+        plain_target, plain_drafters = load_run(target_name, drafts, replace(settings, kernels="plain"))
+        plain = plain_target.model, plain_drafters
     tick(0, total=repeats * len(prompts) * len(configurations(model, drafters, gamma, plain)))
     result = run_bench(model, target_name, tokenizer, drafters, prompts, gamma, repeats, max_new_tokens,
                        on_run=tick, plain=plain, compile=compile)

@@ -170,9 +170,10 @@ def profile(
     if sweep:
         fit, paths = prof.sweep(repeats, calibrate, settings, out)
         if as_json:
-            emit({"rows": fit.rows, "fit": {**fit.to_json(), "rows": None, "paths": [str(p) for p in paths]}}, True)
+            rows = [row.to_json() for row in fit.rows]
+            emit({"rows": rows, "fit": {**fit.to_json(), "rows": None, "paths": [str(p) for p in paths]}}, True)
             return
-        emit(fit.rows, False)
+        emit([row.to_json() for row in fit.rows], False)
         typer.echo(str(fit) + (f"; calibration written to {paths[0]} for `zoo rank --gpu {calibrate}`" if calibrate
                                else "") + (f"; sweep written to {out}" if out else ""))
         return

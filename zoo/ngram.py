@@ -97,7 +97,8 @@ def make_draft(model: str, out: Path, prompts: str | None, new_tokens: int, max_
     at ``out``."""
     check_out(out)
     texts = ngram_prompts(prompts, max_prompts)
-    target, tokenizer = settings.load(model)
+    loaded = settings.load(model)
+    target, tokenizer = loaded.model, loaded.tokenizer
     tick(0, total=len(texts))
     meta = build(target, tokenizer, model, texts, new_tokens, out, on_batch=tick)
     return {"out": str(out), "draft": f"ngram:{out}", **meta}

@@ -16,6 +16,7 @@ from specdraft_eval.measure.profiles import (
     DraftTiming,
     Profile,
     Spread,
+    SweepRow,
     default_profile_path,
     read_profile,
     write_calibration,
@@ -151,9 +152,8 @@ def width_depth_sweep(repeats: int = 7, context: int = 128, device: str | None =
     for (group, layers, hidden), model, times in zip(shapes, models, samples, strict=True):
         params = sum(p.numel() for p in model.model.layers.parameters())
         streamed = sum(p.numel() for p in model.parameters()) - model.get_input_embeddings().weight.numel()
-        rows.append({"group": group, "layers": layers, "hidden_size": hidden, "layer_params_m": params / 1e6,
-                     "weight_bytes": streamed * torch.finfo(dtype).bits // 8, "ms_per_token": statistics.median(times),
-                     "ms_min": min(times), "ms_max": max(times)})
+        rows.append(SweepRow(group, layers, hidden, streamed * torch.finfo(dtype).bits // 8, statistics.median(times),
+                             min(times), max(times), layer_params_m=params / 1e6))
     return rows
 
 
@@ -196,7 +196,7 @@ def sweep(repeats: int, calibrate: str | None, settings: LoadSettings,
     """Run :func:`width_depth_sweep` on ``settings``' device and dtype and fit the latency model to it; with
     ``calibrate``, store the fit under that name for ``zoo rank --gpu NAME``; with ``out``, also write it there
     (the leaderboard's latency figure reads such files). Returns the fit and the paths written."""
-    from zoo.hardware import fit_sweep
+    from zoo.latency_model import fit_sweep
 
     dtype = getattr(torch, settings.dtype)
     rows = width_depth_sweep(repeats, device=settings.device, dtype=dtype)
@@ -212,11 +212,10 @@ def sweep(repeats: int, calibrate: str | None, settings: LoadSettings,
 def profile_target(target_name: str, drafts: list[str], gammas: list[int], context: int, repeats: int,
                    out: Path | None, settings: LoadSettings) -> tuple[Profile, Path]:
     """``zoo profile``: load the target and drafts with ``settings`` and :func:`measure_and_write`."""
-    from specdraft_eval.drafts import load_draft
+    from zoo.loading import load_run
 
-    model, tokenizer = settings.load(target_name)
-    drafters = [load_draft(name, model, tokenizer) for name in drafts]
-    return measure_and_write(model, target_name, drafters, gammas, context, repeats, out)
+    target, drafters = load_run(target_name, drafts, settings)
+    return measure_and_write(target.model, target_name, drafters, gammas, context, repeats, out)
 
 
 def table_rows(profile: Profile) -> tuple[list[dict], list[dict]]:

@@ -192,7 +192,8 @@ def make_draft(model: str, out: Path, layers: int | None, keep: str | None, sele
     check_out(out)
     if distill_tokens < 0:
         raise SpecdecError(f"--distill-tokens {distill_tokens} must be >= 0")
-    source, tokenizer = settings.load(model)
+    loaded = settings.load(model)
+    source, tokenizer = loaded.model, loaded.tokenizer
     needs_text = bool(distill_tokens) or vocab_top is not None or (select == "block-influence" and keep is None)
     texts = calibration_texts(calibration) if calibration or needs_text else []
     kept = resolve_keep(source, tokenizer, layers, keep, select, texts)

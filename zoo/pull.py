@@ -82,7 +82,7 @@ def pull(name: str, revision: str | None = None, target: str | None = None) -> d
         from specdraft_eval.drafts import check_tokenizers
         from specdraft_eval.models.targets import load_target
 
-        _, target_tokenizer = load_target(target)
+        target_tokenizer = load_target(target).tokenizer
         check_tokenizers(target_tokenizer, AutoTokenizer.from_pretrained(path), repo_id)
         result["tokenizer_check"] = f"matches {target}"
     return result

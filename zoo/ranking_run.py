@@ -6,16 +6,16 @@ import warnings
 from pathlib import Path
 
 from specdraft_eval import published
-from specdraft_eval.drafts import load_draft
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.files import RecordWarning
 from specdraft_eval.integration.offline_data import task_prompts
 from specdraft_eval.measure.environment import ModelFacts
 from specdraft_eval.measure.profiles import read_calibration
 from specdraft_eval.measure.record import scan_results
-from specdraft_eval.models.targets import ALIASES, LoadSettings
-from zoo import catalog, hardware, shapes
+from specdraft_eval.models.targets import ALIASES, LoadSettings, Target
+from zoo import catalog, latency_model, shapes
 from zoo import profile as prof
+from zoo.loading import load_drafts
 from zoo.rank import (
     DEFAULT_MAX_NEW_TOKENS,
     DEFAULT_TASK,
@@ -53,13 +53,13 @@ def run_rank(target_name: str, gpu: str = "this", task: str = DEFAULT_TASK, n_me
 
     ``gpu`` "this" loads the models with ``settings`` and times them on its device (the profile of that device);
     a named GPU ranks from shapes alone (the catalog or config.json files) with the latency model of
-    :mod:`zoo.hardware`, KV-cache reads counted at ``context`` tokens, so no weights are needed unless
+    :mod:`zoo.latency_model`, KV-cache reads counted at ``context`` tokens, so no weights are needed unless
     ``n_measure`` asks to measure TAR. ``gammas`` None ranks every γ results give a TAR for (up to the largest γ
     run), or 1, 2, 4, 8.
     """
     if n_measure < 0 or context < 0:
         raise SpecdecError(f"--measure {n_measure} and --context {context} must be >= 0")
-    accelerator = None if gpu == "this" else hardware.accelerator(gpu, read_calibration(gpu))
+    accelerator = None if gpu == "this" else latency_model.accelerator(gpu, read_calibration(gpu))
     files = scan_results(results if results is not None else [published.results()])
     records = {f.record.draft: f.record for f in files if f.record.target == target_name}
     if accelerator is None:
@@ -73,7 +73,7 @@ def run_rank(target_name: str, gpu: str = "this", task: str = DEFAULT_TASK, n_me
     latency = f"{accelerator.source}: {accelerator.name}, {runtime}"
     candidates = []
     for name, r in resolved.items():
-        t_draft = hardware.forward_seconds(r.shape, 1, accelerator, runtime, context) * 1000 if r.shape else 0.0
+        t_draft = latency_model.forward_seconds(r.shape, 1, accelerator, runtime, context) * 1000 if r.shape else 0.0
         c = Candidate(name, t_draft, f"{latency} ({r.source})" if r.shape else "model-free",
                       r.shape.parameters / 1e6 if r.shape else None,
                       r.shape.kv_bytes_per_token() if r.shape else 0)
@@ -81,25 +81,25 @@ def run_rank(target_name: str, gpu: str = "this", task: str = DEFAULT_TASK, n_me
         c.missing = missing_tar_hint(target_name, task, name)
         candidates.append(c)
     if n_measure:
-        _measure_tar(*settings.load(target_name), task, n_measure, candidates, gammas or list(MEASURE_GAMMAS),
+        _measure_tar(settings.load(target_name), task, n_measure, candidates, gammas or list(MEASURE_GAMMAS),
                      max_new_tokens)
     wanted = gammas or sorted({g for c in candidates for g in c.tar}) or list(MEASURE_GAMMAS)
-    t_target = hardware.forward_seconds(target.shape, 1, accelerator, runtime, context) * 1000
-    t_verify = {g: hardware.forward_seconds(target.shape, g + 1, accelerator, runtime, context) * 1000 for g in wanted}
+    t_target = latency_model.forward_seconds(target.shape, 1, accelerator, runtime, context) * 1000
+    t_verify = {g: latency_model.forward_seconds(target.shape, g + 1, accelerator, runtime, context) * 1000 for g in wanted}
     rows = rank(candidates, t_target, t_verify, gammas)
-    error = hardware.model_error(accelerator.name, runtime)
+    error = latency_model.model_error(accelerator.name, runtime)
     for row in rows:  # how far the latency model is from what was measured on that GPU, where anything was
         row["latency_model_error"] = error
     return rows
 
 
-def _measure_tar(target, tokenizer, task: str, n: int, candidates: list[Candidate], gammas: list[int],
+def _measure_tar(target: Target, task: str, n: int, candidates: list[Candidate], gammas: list[int],
                  max_new_tokens: int, drafters: dict | None = None) -> None:
     """Measure TAR (and tokens/s here, shown beside the prediction) on the task's first ``n`` prompts."""
-    prompts = [tokenizer(text, return_tensors="pt").input_ids[:, -512:] for text in task_prompts(task)[:n]]
+    prompts = [target.tokenizer(text, return_tensors="pt").input_ids[:, -512:] for text in task_prompts(task)[:n]]
     for c in candidates:
-        drafter = (drafters or {}).get(c.draft) or load_draft(c.draft, target, tokenizer)
-        measured = measure(target, drafter, prompts, gammas, max_new_tokens)
+        drafter = (drafters or {}).get(c.draft) or load_drafts(target, [c.draft])[0]
+        measured = measure(target.model, drafter, prompts, gammas, max_new_tokens)
         c.tar = {g: s.tar for g, s in measured.items()}
         c.tar_source = {g: f"measured ({len(prompts)} prompts)" for g in measured}
         c.measured_tps = {g: s.tokens_per_second for g, s in measured.items()}
@@ -108,12 +108,12 @@ def _measure_tar(target, tokenizer, task: str, n: int, candidates: list[Candidat
 def _rank_here(target_name: str, task: str, n_measure: int, drafts: list[str] | None, gammas: list[int] | None,
                files: list, records: dict, max_new_tokens: int, settings: LoadSettings) -> list[dict]:
     """``--gpu this``: load the models and take latencies from this machine's profile."""
-    target, tokenizer = settings.load(target_name)
-    names = drafts or default_drafts(target_name, target.config.num_hidden_layers) + sorted(records)
+    target = settings.load(target_name)
+    names = drafts or default_drafts(target_name, target.model.config.num_hidden_layers) + sorted(records)
     drafters = {}
     for name in names:
         try:
-            drafter = load_draft(name, target, tokenizer)
+            drafter = load_drafts(target, [name])[0]
         except SpecdecError as exc:
             if drafts or name not in records:
                 raise
@@ -129,10 +129,10 @@ def _rank_here(target_name: str, task: str, n_measure: int, drafts: list[str] | 
         c.missing = missing_tar_hint(target_name, task, name)
         candidates.append(c)
     if n_measure:
-        _measure_tar(target, tokenizer, task, n_measure, candidates, gammas or list(MEASURE_GAMMAS), max_new_tokens,
+        _measure_tar(target, task, n_measure, candidates, gammas or list(MEASURE_GAMMAS), max_new_tokens,
                      drafters)
     wanted = gammas or sorted({g for c in candidates for g in c.tar}) or list(MEASURE_GAMMAS)
-    profile = prof.ensure_profile(target, target_name, list(drafters.values()), wanted, PROFILE_CONTEXT,
+    profile = prof.ensure_profile(target.model, target_name, list(drafters.values()), wanted, PROFILE_CONTEXT,
                                   PROFILE_REPEATS)
     for c in candidates:
         c.t_draft_ms = profile.drafts[c.draft].t_draft_ms

@@ -12,7 +12,7 @@ from specdraft_eval.drafts.layers import parse_layers
 from specdraft_eval.drafts.spec import AUTO, COMPOSITE, MODEL, DraftSpec, draft_kinds
 from specdraft_eval.errors import SpecdecError
 from zoo import catalog
-from zoo.hardware import Shape, shape_from_config
+from zoo.latency_model import Shape, shape_from_config
 
 
 @dataclass
@@ -95,7 +95,7 @@ def draft_shape(name: str, target: Shape, record=None) -> Resolved:
         return Resolved(spec.name, head_shape(spec.arg or "", target), "one layer at the target's width")
     if spec.kind != MODEL:  # a model-free kind: its canonical name (built without a target unless it reads files)
         build = kinds[spec.kind]
-        canonical = spec.name if getattr(build, "path_marker", None) else build(spec.arg, None, None).name
+        canonical = spec.name if getattr(build, "path_marker", None) else build(spec.arg, None).name
         return Resolved(canonical, None, "model-free")
     try:
         return model_shape(name)

@@ -247,7 +247,8 @@ def train_head(model: str, out: Path, settings: HeadTraining = HeadTraining(), l
     return what was built and measured."""
     check_out(out)
     settings.check()
-    target, tokenizer = load.load(model)
+    loaded = load.load(model)
+    target, tokenizer = loaded.model, loaded.tokenizer
     work = _Work(out, settings, model)
     started = time.perf_counter()
     data = work.load("data.pt")

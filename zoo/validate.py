@@ -25,7 +25,7 @@ from specdraft_eval.measure.environment import hardware
 from specdraft_eval.measure.profiles import Profile
 from specdraft_eval.measure.stats import GenerationStats
 from specdraft_eval.models.targets import LoadSettings
-from zoo.leaderboard import png_bytes
+from zoo.plotting import png_bytes
 from zoo.profile import context_tokens, engine_latency
 from zoo.progress import Tick, no_progress
 
@@ -193,13 +193,13 @@ def run(target_name: str, drafts: list[str], tasks: list[str], n_prompts: int, g
         tick: Tick = no_progress) -> dict:
     """``zoo validate``: load the target and drafts with ``settings``, :func:`validate` on each task's first
     ``n_prompts`` prompts, write the plot at ``plot_path`` and the figures beside it (``.json``); return them."""
-    from specdraft_eval.drafts import load_draft
     from specdraft_eval.integration.offline_data import task_prompts
+    from zoo.loading import load_run
 
     check_options(n_prompts, repeats, max_new_tokens)
     texts = {task: task_prompts(task)[:n_prompts] for task in tasks}
-    model, tokenizer = settings.load(target_name)
-    drafters = [load_draft(name, model, tokenizer) for name in drafts]
+    target, drafters = load_run(target_name, drafts, settings)
+    model, tokenizer = target.model, target.tokenizer
     keep = min(512, getattr(model.config, "max_position_embeddings", 512 + max_new_tokens) - max_new_tokens)
     ids = {task: [tokenizer(t).input_ids[-keep:] for t in prompts] for task, prompts in texts.items()}
     runs = len(tasks) * len(drafters) * len(gammas) * (2 if dynamic else 1)

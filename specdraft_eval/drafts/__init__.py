@@ -1,4 +1,4 @@
-"""Loading drafts: ``load_draft("prompt-lookup" | "layers:0-3,29" | "ngram:DIR" | MODEL | "A|B", target, tokenizer)``.
+"""Loading drafts: ``load_draft("prompt-lookup" | "layers:0-3,29" | "ngram:DIR" | MODEL | "A|B", target)``.
 
 The draft string is parsed by :class:`~specdraft_eval.drafts.spec.DraftSpec` (kinds, composites, model names);
 a separate causal LM (an alias, a local directory, a GGUF file or a hub id) must share the target's tokenizer.
@@ -15,7 +15,7 @@ from specdraft_eval.drafts.model import DRAFT_VOCAB_FILE, ModelDrafter
 from specdraft_eval.drafts.spec import AUTO, COMPOSITE, MODEL, DraftSpec, draft_kinds
 from specdraft_eval.engine.drafter import Drafter, Proposal
 from specdraft_eval.errors import SpecdecError
-from specdraft_eval.models import kernels
+from specdraft_eval.models.targets import Target
 
 __all__ = ["Drafter", "Proposal", "ModelDrafter", "DraftSpec", "load_draft", "draft_kinds", "check_tokenizers"]
 
@@ -32,43 +32,29 @@ def check_tokenizers(target_tokenizer, draft_tokenizer, draft_name: str) -> None
         )
 
 
-def load_draft(spec: str | DraftSpec, target, tokenizer) -> Drafter:
-    """Build the draft named by ``spec`` for ``target`` (a loaded HF causal LM) and its tokenizer.
-    ``A|B`` is a :class:`~specdraft_eval.drafts.composite.CompositeDrafter` (B drafts where A finds nothing)."""
+def load_draft(spec: str | DraftSpec, target: Target) -> Drafter:
+    """Build the draft named by ``spec`` for ``target`` (:class:`~specdraft_eval.models.targets.Target`).
+    ``A|B`` is a :class:`~specdraft_eval.drafts.composite.CompositeDrafter` (B drafts where A finds nothing); a
+    separate causal LM loads with the target's settings (device, dtype, kernels) and must share its tokenizer.
+    ``auto`` is resolved before loading (:func:`specdraft_eval.integration.recommend.resolve_auto`)."""
     kinds = draft_kinds()
     spec = spec if isinstance(spec, DraftSpec) else DraftSpec.parse(spec, kinds)
     if spec.kind == COMPOSITE:
-        return CompositeDrafter([load_draft(part, target, tokenizer) for part in spec.parts])
+        return CompositeDrafter([load_draft(part, target) for part in spec.parts])
     if spec.kind == AUTO:
-        return load_draft(resolve_auto(target).draft, target, tokenizer)
+        raise SpecdecError("draft 'auto' names no draft until it is resolved for a target: resolve it with "
+                           "specdraft_eval.integration.recommend.resolve_auto(target), or name a draft")
     if spec.kind != MODEL:
-        return kinds[spec.kind](spec.arg, target, tokenizer)
-    from specdraft_eval.models.targets import load_target
-
+        return kinds[spec.kind](spec.arg, target)
     name = spec.arg
-    dtype = str(target.dtype).removeprefix("torch.")
     try:
-        model, draft_tokenizer = load_target(name, device=str(target.device), dtype=dtype,
-                                             use_kernels=getattr(target, "specdraft_use_kernels", False))
+        loaded = target.settings.load(name)
     except SpecdecError as exc:
         raise SpecdecError(f"draft {name!r}: {exc}; draft kinds are {', '.join(kinds)}") from exc
-    check_tokenizers(tokenizer, draft_tokenizer, name)
-    vocab = min(target.config.vocab_size, model.config.vocab_size)
-    drafter = ModelDrafter(model, name, vocab, _draft_vocab(name))
-    kernels.apply(model, kernels.kernels_of(target))  # the draft runs the target's kernels
-    return drafter
-
-
-def resolve_auto(target):
-    """What ``auto`` means for ``target`` on its device (:func:`specdraft_eval.integration.recommend.recommend`)."""
-    from specdraft_eval.integration.recommend import recommend
-    from specdraft_eval.measure.environment import hardware
-
-    name = getattr(target, "specdraft_name", None)
-    if name is None:
-        raise SpecdecError("draft=auto needs a target loaded by specdraft_eval.load_target (its name picks the "
-                           "results): load it so, or name a draft")
-    return recommend(name, hardware=hardware(target.device))
+    check_tokenizers(target.tokenizer, loaded.tokenizer, name)
+    model = loaded.model
+    vocab = min(target.model.config.vocab_size, model.config.vocab_size)
+    return ModelDrafter(model, name, vocab, _draft_vocab(name))
 
 
 def _draft_vocab(spec: str) -> list[int] | None:

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import torch
 
-from specdraft_eval.engine.drafter import Drafter, Proposal
+from specdraft_eval.drafts.spec import SEPARATOR
+from specdraft_eval.engine.drafter import Drafter, DrafterBase, Proposal
 from specdraft_eval.engine.sampling import Sampler
 from specdraft_eval.errors import SpecdecError
 
-SEPARATOR = "|"
 
-
-class CompositeDrafter:
+class CompositeDrafter(DrafterBase):
     """The first of ``parts`` that proposes anything drafts the step; ``used`` counts steps per part."""
 
     def __init__(self, parts: list[Drafter]) -> None:

@@ -38,10 +38,11 @@ from transformers.models.llama.modeling_llama import (
 
 from specdraft_eval.drafts.model import choose
 from specdraft_eval.engine import kv_cache
-from specdraft_eval.engine.drafter import FINAL, Proposal
+from specdraft_eval.engine.drafter import FINAL, DrafterBase, Proposal
 from specdraft_eval.engine.sampling import Sampler
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.models import kernels
+from specdraft_eval.models.targets import Target
 
 EAGLE, EAGLE3 = "eagle", "eagle3"
 HEAD_FILE = "eagle.json"
@@ -149,7 +150,7 @@ class EagleHead(nn.Module):
         return self.lm_head(self.norm(hidden))
 
 
-class EagleDrafter:
+class EagleDrafter(DrafterBase):
     """Drafts with an :class:`EagleHead`. State per row: the target's features not yet fed to the head and the
     head's KV cache over (feature t, token t+1) pairs, kept for the target's features and rolled back for its own."""
 
@@ -366,12 +367,12 @@ def load_head(directory: Path, target, tokenizer=None) -> tuple[EagleHead, HeadL
     return head.to(target.device, target.dtype).eval().requires_grad_(False), layout
 
 
-def build(arg: str | None, target, tokenizer) -> EagleDrafter:
+def build(arg: str | None, target: Target) -> EagleDrafter:
     """Entry point for ``eagle:DIR`` (a directory or a hub id)."""
     if not arg:
         raise SpecdecError("eagle needs a head: e.g. draft=eagle:DIR (built by `zoo train-head TARGET --out DIR`)")
-    head, layout = load_head(_directory(arg), target, tokenizer)
-    return EagleDrafter(head, target, f"eagle:{arg}", layout.token_ids)
+    head, layout = load_head(_directory(arg), target.model, target.tokenizer)
+    return EagleDrafter(head, target.model, f"eagle:{arg}", layout.token_ids)
 
 
 build.path_marker = HEAD_FILE

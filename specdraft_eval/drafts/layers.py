@@ -13,6 +13,7 @@ import torch
 from specdraft_eval.drafts.model import ModelDrafter
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.models.structure import decoder_path
+from specdraft_eval.models.targets import Target
 
 
 def parse_layers(spec: str, depth: int) -> list[int]:
@@ -81,10 +82,11 @@ def layer_view(target: torch.nn.Module, layers: list[int]) -> torch.nn.Module:
     return root
 
 
-def build(arg: str | None, target, tokenizer) -> ModelDrafter:
+def build(arg: str | None, target: Target) -> ModelDrafter:
     """Entry point for ``layers:SPEC``."""
     if not arg:
         raise SpecdecError("layers needs a list: e.g. draft=layers:0-3,29")
-    layers = parse_layers(arg, target.config.num_hidden_layers)
+    model = target.model
+    layers = parse_layers(arg, model.config.num_hidden_layers)
     spec = ",".join(str(i) for i in layers)
-    return ModelDrafter(layer_view(target, layers), f"layers:{spec}", target.config.vocab_size)
+    return ModelDrafter(layer_view(model, layers), f"layers:{spec}", model.config.vocab_size)

@@ -7,7 +7,7 @@ import copy
 import torch
 
 from specdraft_eval.engine import kv_cache
-from specdraft_eval.engine.drafter import NoFeedback, Proposal
+from specdraft_eval.engine.drafter import DrafterBase, Proposal
 from specdraft_eval.engine.sampling import Sampler
 from specdraft_eval.errors import SpecdecError
 
@@ -31,7 +31,7 @@ def choose(logits: torch.Tensor, sampler: Sampler, ids: torch.Tensor | None,
     return int(ids[index]), full
 
 
-class ModelDrafter(NoFeedback):
+class ModelDrafter(DrafterBase):
     """Drafts autoregressively with ``model``; keeps its cache across steps and rolls it back.
 
     ``vocab_size`` is the target's: logits beyond it (padding rows of a larger head) are never drafted.

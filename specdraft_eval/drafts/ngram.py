@@ -13,9 +13,10 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from specdraft_eval.engine.drafter import NoFeedback, Proposal
+from specdraft_eval.engine.drafter import DrafterBase, Proposal
 from specdraft_eval.engine.sampling import Sampler
 from specdraft_eval.errors import SpecdecError
+from specdraft_eval.models.targets import Target
 
 NGRAM_FILE = "ngram.json"
 FORMAT = "specdraft-ngram/1"
@@ -49,10 +50,9 @@ def load_continuations(directory: Path, tokenizer) -> list[list[int]]:
     return data["sequences"]
 
 
-class NGramDrafter(NoFeedback):
-    """Greedy chain over n-gram tables (context of ``min_n`` to ``max_n`` tokens -> most frequent next token)."""
-
-    model = None
+class NGramDrafter(DrafterBase):
+    """Greedy chain over n-gram tables (context of ``min_n`` to ``max_n`` tokens -> most frequent next token);
+    stateless between generations."""
 
     def __init__(self, sequences: list[list[int]], max_n: int = 4, min_n: int = 1, name: str = "ngram") -> None:
         self.max_n, self.min_n, self.name = max_n, min_n, name
@@ -77,18 +77,12 @@ class NGramDrafter(NoFeedback):
             seq.append(token)
         return Proposal(drafted)
 
-    def reset(self, capacity: int | None = None) -> None:
-        """Stateless between generations."""
 
-    def fork(self) -> NGramDrafter:
-        return self
-
-
-def build(arg: str | None, target, tokenizer) -> NGramDrafter:
+def build(arg: str | None, target: Target) -> NGramDrafter:
     """Entry point for ``ngram:DIR``."""
     if not arg:
         raise SpecdecError("ngram needs a directory: ngram:DIR, built by `zoo ngram TARGET --out DIR`")
-    return NGramDrafter(load_continuations(Path(arg), tokenizer), name=f"ngram:{arg}")
+    return NGramDrafter(load_continuations(Path(arg), target.tokenizer), name=f"ngram:{arg}")
 
 
 build.path_marker = NGRAM_FILE  # ngram's argument is a directory, recognisable by this file in it

@@ -7,15 +7,14 @@ accepted more than the most recent one (TAR 1.24 against 1.02 at γ=4).
 
 from __future__ import annotations
 
-from specdraft_eval.engine.drafter import NoFeedback, Proposal
+from specdraft_eval.engine.drafter import DrafterBase, Proposal
 from specdraft_eval.engine.sampling import Sampler
 from specdraft_eval.errors import SpecdecError
+from specdraft_eval.models.targets import Target
 
 
-class PromptLookupDrafter(NoFeedback):
-    """N-gram lookup in the prompt and the text generated so far, longest n-gram first."""
-
-    model = None
+class PromptLookupDrafter(DrafterBase):
+    """N-gram lookup in the prompt and the text generated so far, longest n-gram first (stateless)."""
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
         if not 1 <= min_ngram <= max_ngram:
@@ -37,14 +36,8 @@ class PromptLookupDrafter(NoFeedback):
                     return Proposal(tokens[start + n : start + n + num_tokens])
         return Proposal([])
 
-    def reset(self, capacity: int | None = None) -> None:
-        """Stateless."""
 
-    def fork(self) -> PromptLookupDrafter:
-        return self
-
-
-def build(arg: str | None, target, tokenizer) -> PromptLookupDrafter:
+def build(arg: str | None, target: Target) -> PromptLookupDrafter:
     """Entry point for ``prompt-lookup``, ``prompt-lookup:N`` (n-grams N..1) and ``prompt-lookup:MIN-N``
     (n-grams N..MIN: no match shorter than MIN, which leaves such steps to the next part of a composite)."""
     if arg in (None, ""):

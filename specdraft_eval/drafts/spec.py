@@ -3,7 +3,7 @@
 ``DraftSpec.parse`` is the one parser: loading (:func:`specdraft_eval.drafts.load_draft`), ``draft=auto``, the
 vLLM mapping and the zoo's model shapes all read its fields. Kinds come from the ``specdraft_eval.drafts``
 entry-point group (another package adds one by declaring ``KIND = "pkg.module:build"`` there, where
-``build(arg, target, tokenizer)`` returns a :class:`~specdraft_eval.engine.drafter.Drafter`). A kind whose argument
+``build(arg, target)`` (a :class:`~specdraft_eval.models.targets.Target`) returns a :class:`~specdraft_eval.engine.drafter.Drafter`). A kind whose argument
 is a directory says so with ``build.path_marker = FILE`` (a file every such directory holds): the directory named
 on its own then parses as that kind. Anything else names a separate causal LM (kind ``model``).
 """

@@ -57,10 +57,24 @@ FINAL = -1
 """A tap: the target's last hidden state after its final norm (the input of its output head)."""
 
 
-class NoFeedback:
-    """For drafts that read nothing back from the target's passes."""
+class DrafterBase:
+    """The :class:`Drafter` defaults a draft kind subclasses: no model, no state (``reset`` does nothing, ``fork``
+    returns the drafter itself) and no features read back (``taps = ()``). Set ``name``, implement ``propose``,
+    and override the rest where they do not fit (a drafter with a KV cache resets and forks it)."""
 
+    name: str
+    model: torch.nn.Module | None = None
     taps: tuple[int, ...] = ()
+
+    def propose(self, tokens: list[int], num_tokens: int, sampler: Sampler) -> Proposal:
+        raise NotImplementedError(f"{type(self).__name__} must implement propose(tokens, num_tokens, sampler)")
+
+    def reset(self, capacity: int | None = None) -> None:
+        """Nothing to forget."""
+
+    def fork(self) -> DrafterBase:
+        """Stateless: every row may share this drafter."""
+        return self
 
     def observe(self, features: torch.Tensor) -> None:
         """Nothing to read."""

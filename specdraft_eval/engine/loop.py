@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from specdraft_eval.engine import graphs
-from specdraft_eval.engine.drafter import Drafter, NoFeedback, Proposal
+from specdraft_eval.engine.drafter import Drafter, DrafterBase, Proposal
 from specdraft_eval.engine.gamma import GammaController
 from specdraft_eval.engine.kv_cache import BatchCache
 from specdraft_eval.engine.params import DecodeParams, StopCheck
@@ -67,20 +67,13 @@ def prefill(target, prompts: list[list[int]], capacity: int | None = None) -> Ba
     return cache
 
 
-class _NoDraft(NoFeedback):
+class _NoDraft(DrafterBase):
     """Proposes nothing: the loop then decodes autoregressively, one target token per step."""
 
     name = "none"
-    model = None
 
     def propose(self, tokens: list[int], num_tokens: int, sampler: Sampler) -> Proposal:
         return Proposal([])
-
-    def reset(self, capacity: int | None = None) -> None:
-        pass
-
-    def fork(self) -> _NoDraft:
-        return self
 
 
 @dataclass

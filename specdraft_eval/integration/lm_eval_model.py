@@ -21,6 +21,7 @@ from lm_eval.models.huggingface import HFLM
 
 from specdraft_eval.drafts import load_draft
 from specdraft_eval.drafts.model import ModelDrafter
+from specdraft_eval.drafts.spec import AUTO, DraftSpec
 from specdraft_eval.engine.gamma import GammaController
 from specdraft_eval.engine.loop import (
     autoregressive_generate_batch,
@@ -29,14 +30,21 @@ from specdraft_eval.engine.loop import (
 )
 from specdraft_eval.engine.params import DecodeParams
 from specdraft_eval.errors import SpecdecError, one_line, raise_terminated
-from specdraft_eval.integration.recommend import recommend
-from specdraft_eval.measure.environment import ModelFacts, hardware
+from specdraft_eval.integration.recommend import resolve_auto
+from specdraft_eval.measure.environment import ModelFacts
 from specdraft_eval.measure.profiles import default_profile_path, read_profile
 from specdraft_eval.measure.record import SpecdecRecord
 from specdraft_eval.measure.report import table
 from specdraft_eval.measure.stats import GenerationStats
 from specdraft_eval.models import kernels as kernel_paths
-from specdraft_eval.models.targets import ALIASES, DEFAULT_TARGET, local_dir, resolve
+from specdraft_eval.models.targets import (
+    ALIASES,
+    DEFAULT_TARGET,
+    LoadSettings,
+    Target,
+    local_dir,
+    resolve,
+)
 
 log = logging.getLogger(__name__)
 GENERATION_KEYS = {"do_sample", "temperature", "top_k", "top_p"}
@@ -117,17 +125,11 @@ class SpecDecLM(HFLM):
         self.score = score
         kernel_paths.check(kernels)
         self.target_name = pretrained if isinstance(pretrained, str) else type(pretrained).__name__
-        chosen = {"draft": draft, "num_draft_tokens": 4, "dynamic_gamma": False}
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        if draft == "auto":  # cuda asked for on a machine without it: HFLM runs on the CPU, so look up the CPU
-            here = device if not str(device).startswith("cuda") or torch.cuda.is_available() else "cpu"
-            recommendation = recommend(self.target_name, hardware=hardware(here))
-            chosen = {k: getattr(recommendation, k) for k in chosen}
-            log.warning("draft=auto for %s: %s (%s)", self.target_name, chosen, recommendation.reason)
-        draft = chosen["draft"]
-        self.num_draft_tokens = _as_positive_int(
-            "num_draft_tokens", chosen["num_draft_tokens"] if num_draft_tokens is None else num_draft_tokens)
-        self.dynamic_gamma = _as_bool("dynamic_gamma", chosen["dynamic_gamma"] if dynamic_gamma is None else dynamic_gamma)
+        if num_draft_tokens is not None:
+            _as_positive_int("num_draft_tokens", num_draft_tokens)  # checked before the model loads
+        if dynamic_gamma is not None:
+            _as_bool("dynamic_gamma", dynamic_gamma)
         if isinstance(pretrained, str) and "gguf_file" not in kwargs:
             source = resolve(pretrained)
             if pretrained in ALIASES:
@@ -151,9 +153,20 @@ class SpecDecLM(HFLM):
             # process would run every document; split them across the processes instead
             self._rank, self._world_size = accelerator.process_index, accelerator.num_processes
         kernel_paths.apply(self.model, kernels)  # before the draft, so that a layer view shares the packed layers
+        target = Target(self.model, self.tokenizer, self.target_name,
+                        LoadSettings(str(self.model.device), str(self.model.dtype).removeprefix("torch."), kernels,
+                                     self.use_kernels))
+        gamma, dynamic = 4, False
+        if DraftSpec.parse(draft).kind == AUTO:
+            recommendation = resolve_auto(target)
+            draft, gamma, dynamic = (recommendation.draft, recommendation.num_draft_tokens,
+                                     recommendation.dynamic_gamma)
+            log.warning("draft=auto for %s: %s, γ %d, dynamic γ %s (%s)", self.target_name, draft, gamma, dynamic,
+                        recommendation.reason)
+        self.num_draft_tokens = _as_positive_int("num_draft_tokens", gamma if num_draft_tokens is None else num_draft_tokens)
+        self.dynamic_gamma = _as_bool("dynamic_gamma", dynamic if dynamic_gamma is None else dynamic_gamma)
         self.draft_name = draft
-        self.model.specdraft_name, self.model.specdraft_use_kernels = self.target_name, self.use_kernels
-        self._drafter = load_draft(draft, self.model, self.tokenizer)
+        self._drafter = load_draft(draft, target)
         if self.score == "draft" and (not isinstance(self._drafter, ModelDrafter) or self._drafter.reduced_head):
             raise SpecdecError(f"score=draft needs a draft that is a language model over the whole vocabulary; "
                                f"{self._drafter.name!r} is not (prompt lookup, n-grams, composites, EAGLE heads and "

@@ -18,14 +18,17 @@ from pathlib import Path
 
 from specdraft_eval import published
 from specdraft_eval.drafts.spec import AUTO, DraftSpec, draft_kinds
+from specdraft_eval.errors import SpecdecError
 from specdraft_eval.files import RecordWarning
+from specdraft_eval.measure.environment import hardware
 from specdraft_eval.measure.record import Configuration, configurations, scan_results
+from specdraft_eval.models.targets import ALIASES, Target
 
 FALLBACK_DRAFT, FALLBACK_GAMMA = "prompt-lookup", 4  # with dynamic γ
 
 
 @dataclass
-class Candidate:
+class ScoredConfiguration:
     """One measured configuration for the target: its speedup per task (the median over results files, with
     min and max), TAR per task, its score and whether its draft loads here."""
 
@@ -51,7 +54,7 @@ class Recommendation:
     num_draft_tokens: int
     dynamic_gamma: bool
     reason: str
-    candidates: list[Candidate] = field(default_factory=list)
+    candidates: list[ScoredConfiguration] = field(default_factory=list)
 
     def table_rows(self) -> list[dict]:
         """The candidates as the text table shows them."""
@@ -63,8 +66,6 @@ class Recommendation:
 def localised(draft: str) -> str | None:
     """``draft`` with relative paths that exist only among the published files made absolute; None if a part
     is missing (neither a kind without files, an alias, nor an existing path from here or the published base)."""
-    from specdraft_eval.models.targets import ALIASES
-
     kinds = draft_kinds()
     spec = DraftSpec.parse(draft, kinds)
     if spec.kind == AUTO:
@@ -81,15 +82,15 @@ def localised(draft: str) -> str | None:
     return DraftSpec.composite(parts).name
 
 
-def _candidate(config: Configuration) -> Candidate:
+def _candidate(config: Configuration) -> ScoredConfiguration:
     tasks = [t for t in sorted(config.per_task) if config.speedup(t)]
-    return Candidate(config.draft, config.num_draft_tokens, config.dynamic_gamma, config.hardware,
+    return ScoredConfiguration(config.draft, config.num_draft_tokens, config.dynamic_gamma, config.hardware,
                      {t: config.speedup(t) for t in tasks}, {t: config.speedup_spread(t) for t in tasks},
                      {t: config.per_task[t].tar for t in tasks}, [str(f.path) for f in config.files],
                      localised(config.draft) is not None)
 
 
-def candidates(target: str, results: list[Path]) -> list[Candidate]:
+def candidates(target: str, results: list[Path]) -> list[ScoredConfiguration]:
     """Per configuration measured for ``target`` with baseline timing, across every results file."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RecordWarning)  # zoo leaderboard reports unusable files; here they are skipped
@@ -97,7 +98,7 @@ def candidates(target: str, results: list[Path]) -> list[Candidate]:
     return [c for c in map(_candidate, configurations(found, target)) if c.speedup]
 
 
-def _score(candidate: Candidate, task: str | None) -> float | None:
+def _score(candidate: ScoredConfiguration, task: str | None) -> float | None:
     speedups = candidate.speedup
     if task is not None:
         return speedups.get(task)
@@ -125,3 +126,17 @@ def recommend(target: str, task: str | None = None, results: list[Path] | None =
               + f", from {len(best.files)} results file(s)")
     return Recommendation(target, task, localised(best.draft), best.num_draft_tokens, best.dynamic_gamma,
                           reason, scored)
+
+
+def resolve_auto(target: Target) -> Recommendation:
+    """What ``draft=auto`` means for ``target``: the recommendation for its name on the hardware it runs on (the
+    one rule: ``lm_eval --model specdec`` applies its γ and dynamic γ as well, ``zoo`` commands its draft)."""
+    if target.name is None:
+        raise SpecdecError("draft=auto needs a target loaded by name (load_target(NAME)): its name picks the "
+                           "measured results; load it so, or name a draft")
+    return recommend(target.name, hardware=hardware(target.model.device))
+
+
+def resolve_draft(draft: str, target: Target) -> str:
+    """``draft``, or the draft ``auto`` resolves to for ``target`` (:func:`resolve_auto`)."""
+    return resolve_auto(target).draft if DraftSpec.parse(draft).kind == AUTO else draft

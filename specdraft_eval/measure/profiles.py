@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import statistics
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
 from specdraft_eval.files import (
@@ -163,6 +163,53 @@ def read_profile(path: Path, named: bool) -> Profile | None:
 
 
 @dataclass
+class SweepRow:
+    """One shape of a depth/width sweep: ms per batch-1 step (the median over rounds, with min and max where
+    measured), the shape (``group``: depth, width, equal params or named; ``shape``: a named shape's name) and,
+    after a fit, the latency model's value (``fitted_ms``)."""
+
+    group: str
+    layers: int
+    hidden_size: int
+    weight_bytes: int
+    ms_per_token: float
+    ms_min: float | None = None
+    ms_max: float | None = None
+    shape: str | None = None
+    layer_params_m: float | None = None
+    fitted_ms: float | None = None
+
+    @property
+    def low(self) -> float:
+        return self.ms_per_token if self.ms_min is None else self.ms_min
+
+    @property
+    def high(self) -> float:
+        return self.ms_per_token if self.ms_max is None else self.ms_max
+
+    def to_json(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_json(cls, data, path: Path, index: int) -> SweepRow:
+        """A row read from ``path``; a missing or mistyped field is a one-line error naming the file and field."""
+        if not isinstance(data, dict):
+            raise RecordError(f"{path}: sweep row {index} is not an object; rerun zoo profile --sweep --out")
+        values = {}
+        for f in fields(cls):
+            value = data.get(f.name)
+            kind = {"group": str, "shape": str, "layers": int, "hidden_size": int, "weight_bytes": int}.get(f.name, float)
+            required = f.default is MISSING
+            if value is None and not required:
+                continue
+            if not isinstance(value, (int, float) if kind is float else kind) or isinstance(value, bool):
+                raise RecordError(f"{path}: sweep row {index} has {'no' if value is None else 'a bad'} {f.name!r} "
+                                  f"({value!r}); rerun zoo profile --sweep --out")
+            values[f.name] = float(value) if kind is float else value
+        return cls(**values)
+
+
+@dataclass
 class Calibration:
     """A latency-model fit to a depth/width sweep on one device, stored under a name for ``zoo rank --gpu NAME``:
     ms per step = ``step_ms`` + ``per_layer_ms`` × layers + weight bytes / ``bandwidth_gb_s``, each constant with
@@ -176,7 +223,7 @@ class Calibration:
     runtime: str = "eager"
     dtype_bytes: int = 2
     max_relative_error: float | None = None
-    rows: list[dict] = field(default_factory=list)
+    rows: list[SweepRow] = field(default_factory=list)
     step_ms: float = 0.0
     uncertainty: dict[str, float] = field(default_factory=dict)
     note: str | None = None
@@ -194,7 +241,7 @@ class Calibration:
         return {"name": self.name, "step_ms": self.step_ms, "per_layer_ms": self.per_layer_ms,
                 "bandwidth_gb_s": self.bandwidth_gb_s, "uncertainty": self.uncertainty, "note": self.note,
                 "hardware": self.hardware, "runtime": self.runtime, "dtype_bytes": self.dtype_bytes,
-                "max_relative_error": self.max_relative_error, "rows": self.rows,
+                "max_relative_error": self.max_relative_error, "rows": [row.to_json() for row in self.rows],
                 "kind": CALIBRATION_KIND, "schema_version": CALIBRATION_SCHEMA_VERSION}
 
 
@@ -225,8 +272,11 @@ def read_calibration_file(path: Path, name: str = "NAME") -> Calibration:
     bandwidth = data.get("bandwidth_gb_s")
     if not isinstance(data.get("per_layer_ms"), (int, float)) or not isinstance(bandwidth, (int, float, type(None))):
         raise RecordError(f"{path}: malformed calibration; calibrate again with zoo profile --sweep --calibrate {name}")
+    rows = data.get("rows") or []
+    if not isinstance(rows, list):
+        raise RecordError(f"{path}: 'rows' is not a list; calibrate again with zoo profile --sweep --calibrate {name}")
     return Calibration(data.get("name", name), float(data["per_layer_ms"]),
                        float(bandwidth) if bandwidth is not None else None, data.get("hardware", ""),
                        data.get("runtime", "eager"), int(data.get("dtype_bytes", 2)), data.get("max_relative_error"),
-                       data.get("rows") or [], float(data.get("step_ms", 0.0)), data.get("uncertainty") or {},
-                       data.get("note"))
+                       [SweepRow.from_json(row, path, i) for i, row in enumerate(rows)],
+                       float(data.get("step_ms", 0.0)), data.get("uncertainty") or {}, data.get("note"))

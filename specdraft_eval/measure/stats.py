@@ -101,6 +101,41 @@ class GenerationStats:
         return (self.accepted_tokens + self.steps) / self.steps if self.steps else None
 
     @property
+    def accepted_per_step(self) -> float | None:
+        """Draft tokens accepted per verification step (the target's own excluded)."""
+        return self.accepted_tokens / self.steps if self.steps else None
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted over drafted tokens."""
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
+
+    @property
+    def acceptance_rate_per_position(self) -> list[float]:
+        """Accepted / drafted at each draft position."""
+        accepted = _add_lists(self.accepted_per_position, [0] * len(self.drafted_per_position))
+        return [a / d for a, d in zip(accepted, self.drafted_per_position)]
+
+    @property
+    def request_tar_percentiles(self) -> dict[str, float] | None:
+        """p10, p50 and p90 over requests of each request's own TAR (None before any request ended)."""
+        return {f"p{q}": _percentile(self.request_tars, q / 100) for q in (10, 50, 90)} if self.request_tars else None
+
+    @property
+    def _time_split(self) -> bool:
+        return self.verify_seconds > 0  # False for a serving engine's counters: its time is not split
+
+    @property
+    def draft_ms_per_token(self) -> float | None:
+        """The draft's milliseconds per drafted token (None where time is not split)."""
+        return self.draft_seconds / self.draft_tokens * 1000 if self.draft_tokens and self._time_split else None
+
+    @property
+    def verify_ms_per_step(self) -> float | None:
+        """The target's milliseconds per verification step (None where time is not split)."""
+        return self.verify_seconds / self.steps * 1000 if self.steps and self._time_split else None
+
+    @property
     def tokens_per_second(self) -> float | None:
         return self.generated_tokens / self.decode_seconds if self.decode_seconds > 0 else None
 
@@ -129,29 +164,22 @@ class GenerationStats:
         (:func:`analytical.predicted_from_latencies`).
         """
         steps, drafted = self.steps, self.draft_tokens
-        split = self.verify_seconds > 0  # False for a serving engine's counters: its time is not split
-        per_request = (
-            {f"p{q}": _percentile(self.request_tars, q / 100) for q in (10, 50, 90)} if self.request_tars else None
-        )
         return {
             "steps": steps,
             "draft_tokens": drafted,
             "accepted_tokens": self.accepted_tokens,
             "generated_tokens": self.generated_tokens,
             "tar": self.tar,
-            "accepted_per_step": self.accepted_tokens / steps if steps else None,
-            "acceptance_rate": self.accepted_tokens / drafted if drafted else None,
-            "acceptance_rate_per_position": [  # accepted_i / drafted_i
-                a / d for a, d in zip(_add_lists(self.accepted_per_position, [0] * len(self.drafted_per_position)),
-                                      self.drafted_per_position)
-            ],
+            "accepted_per_step": self.accepted_per_step,
+            "acceptance_rate": self.acceptance_rate,
+            "acceptance_rate_per_position": self.acceptance_rate_per_position,
             "drafted_per_position": list(self.drafted_per_position),
             "accepted_per_position": list(self.accepted_per_position),
             "acceptance_length_histogram": list(self.acceptance_length_histogram),
-            "per_request_mean_accepted_length": per_request,
+            "per_request_mean_accepted_length": self.request_tar_percentiles,
             "mean_num_draft_tokens": drafted / steps if steps else None,
-            "draft_ms_per_token": self.draft_seconds / drafted * 1000 if drafted and split else None,
-            "verify_ms_per_step": self.verify_seconds / steps * 1000 if steps and split else None,
+            "draft_ms_per_token": self.draft_ms_per_token,
+            "verify_ms_per_step": self.verify_ms_per_step,
             "tokens_per_second": self.tokens_per_second,
             "baseline_tokens_per_second": self.baseline_tokens_per_second,
             "speedup": self.speedup,

@@ -13,6 +13,7 @@ import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.files import atomic_output, cache_root
@@ -42,10 +43,6 @@ class ModelSource:
     name: str
     path: str
     gguf_file: str | None = None
-
-    @property
-    def is_local(self) -> bool:
-        return os.path.isdir(self.path)
 
 
 def resolve(name: str) -> ModelSource:
@@ -160,16 +157,37 @@ class LoadSettings:
             raise SpecdecError(f"bad --dtype {dtype!r}: use auto, {', '.join(DTYPES)}")
         return cls(device, dtype, kernels, use_kernels)
 
-    def load(self, name: str):
+    def load(self, name: str) -> Target:
         """:func:`load_target` with these settings."""
         return load_target(name, self.device, self.dtype, self.kernels, self.use_kernels)
 
 
+@dataclass(frozen=True)
+class Target:
+    """A loaded target, the value drafts are built for: its causal LM, tokenizer, the name it was loaded by
+    (what ``draft=auto`` and the results look up; None for a model built in code) and how it was loaded (a model
+    draft loads the same way). ``settings`` None: read off the model (device, dtype, kernels)."""
+
+    model: Any
+    tokenizer: Any = None
+    name: str | None = None
+    settings: LoadSettings | None = None
+
+    def __post_init__(self) -> None:
+        if self.settings is None:
+            from specdraft_eval.models.kernels import kernels_of
+
+            settings = LoadSettings(str(self.model.device), str(self.model.dtype).removeprefix("torch."),
+                                    kernels_of(self.model))
+            object.__setattr__(self, "settings", settings)
+
+
 def load_target(name: str, device: str = "cpu", dtype: str = "float32", kernels: str = "plain",
-                use_kernels: bool = False):
-    """Load a causal LM and its tokenizer: ``model, tokenizer = load_target("smollm2-135m-instruct")``;
-    ``kernels="onednn"`` pre-packs its linear layers (:mod:`specdraft_eval.models.kernels`; inference only).
-    transformers' hub kernels are used only with ``use_kernels=True`` (they are fetched from the hub)."""
+                use_kernels: bool = False) -> Target:
+    """Load a causal LM and its tokenizer as a :class:`Target`: ``target = load_target("smollm2-135m-instruct")``,
+    then ``target.model``, ``target.tokenizer``; ``kernels="onednn"`` pre-packs its linear layers
+    (:mod:`specdraft_eval.models.kernels`; inference only). transformers' hub kernels are used only with
+    ``use_kernels=True`` (they are fetched from the hub)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -188,6 +206,5 @@ def load_target(name: str, device: str = "cpu", dtype: str = "float32", kernels:
         hint = ("the weights are corrupt or truncated: download or rebuild them" if _damaged(exc) else
                 f"offline? run `zoo pull {name}` with network first, or check the name")
         raise SpecdecError(f"cannot load model {name!r}: {type(exc).__name__}: {first} ({hint})") from exc
-    model.specdraft_name = name  # what draft=auto looks up results by
-    model.specdraft_use_kernels = use_kernels
-    return kernel_paths.apply(model.to(device).eval(), kernels), tokenizer
+    model = kernel_paths.apply(model.to(device).eval(), kernels)
+    return Target(model, tokenizer, name, LoadSettings(device, dtype, kernels, use_kernels))

@@ -9,18 +9,19 @@ from conftest import run_cli
 from test_zoo_cli import assert_one_line_error
 
 from specdraft_eval.errors import SpecdecError
-from zoo import hardware
-from zoo.hardware import Shape, fit_sweep, forward_seconds, shape_from_config
+from specdraft_eval.measure.profiles import SweepRow
+from zoo import latency_model
+from zoo.latency_model import Shape, fit_sweep, forward_seconds, shape_from_config
 from zoo.shapes import draft_shape, model_shape
 
-A100 = hardware.accelerator("a100-80gb")
+A100 = latency_model.accelerator("a100-80gb")
 
 
 def ms(shape: Shape, gpu=A100, runtime="eager", tokens=1) -> float:
     return forward_seconds(shape, tokens, gpu, runtime) * 1000
 
 
-@pytest.mark.parametrize("runtime", hardware.RUNTIMES)
+@pytest.mark.parametrize("runtime", latency_model.RUNTIMES)
 def test_latency_is_linear_in_depth_at_fixed_width(runtime):
     base = model_shape("llama-2-7b").shape
     times = [ms(base.with_layers(n), runtime=runtime) for n in (2, 4, 8, 16, 32)]
@@ -33,7 +34,7 @@ def test_wide_shallow_draft_beats_deep_narrow_one_at_equal_size():
     """The founding paper: a 5-layer wide 1.3B draft has 49% less latency than a 24-layer one (A100)."""
     wide, deep = model_shape("wide-sheared-llama-1.3b").shape, model_shape("sheared-llama-1.3b").shape
     assert wide.parameters == pytest.approx(deep.parameters, rel=0.05)
-    for runtime in hardware.RUNTIMES:
+    for runtime in latency_model.RUNTIMES:
         saving = 1 - ms(wide, runtime=runtime) / ms(deep, runtime=runtime)
         assert saving > 0.4, runtime
     graphs = 1 - ms(wide, runtime="cuda-graphs") / ms(deep, runtime="cuda-graphs")
@@ -67,12 +68,12 @@ SWEEP = [(1, 4e8), (2, 1e8), (4, 2e8), (8, 4e8), (16, 8e8), (4, 8e8), (4, 3e9), 
 
 
 def test_sweep_fit_recovers_known_constants_with_a_per_step_term():
-    rows = [{"layers": n, "weight_bytes": b, "ms_per_token": 0.8 + 0.5 * n + b / 16e6} for n, b in SWEEP]
+    rows = [SweepRow("depth", n, 64, b, 0.8 + 0.5 * n + b / 16e6) for n, b in SWEEP]
     fit = fit_sweep(rows, "test", "CPU: test", dtype_bytes=4)
     assert fit.step_ms == pytest.approx(0.8) and fit.per_layer_ms == pytest.approx(0.5)
     assert fit.bandwidth_gb_s == pytest.approx(16.0) and fit.note is None
-    assert fit.max_relative_error < 1e-9 and [r["fitted_ms"] for r in fit.rows] == pytest.approx(
-        [r["ms_per_token"] for r in rows])
+    assert fit.max_relative_error < 1e-9 and [r.fitted_ms for r in fit.rows] == pytest.approx(
+        [r.ms_per_token for r in rows])
     assert set(fit.uncertainty) == {"step_ms", "per_layer_ms", "bandwidth_gb_s"}
 
 
@@ -81,13 +82,13 @@ def test_sweep_fit_reports_uncertainty_and_refuses_a_bandwidth_below_the_noise()
     import random
 
     noise = random.Random(0)
-    rows = [{"layers": n, "weight_bytes": b, "ms_per_token": (0.9 + 0.6 * n) * (1 + noise.uniform(-0.05, 0.05))}
+    rows = [SweepRow("depth", n, 64, b, (0.9 + 0.6 * n) * (1 + noise.uniform(-0.05, 0.05)))
             for n, b in SWEEP]
     fit = fit_sweep(rows, "test", "NVIDIA Test", dtype_bytes=2)
     assert fit.bandwidth_gb_s is None and "bandwidth not identified" in fit.note
     assert fit.per_layer_ms == pytest.approx(0.6, rel=0.1) and fit.uncertainty["per_layer_ms"] > 0
     assert "host-bound" in str(fit)
-    gpu = hardware.accelerator("test", fit)  # rank then takes the longer of the fixed cost and the roofline
+    gpu = latency_model.accelerator("test", fit)  # rank then takes the longer of the fixed cost and the roofline
     assert gpu.cost("eager").host_bound and gpu.bandwidth_gb_s == 1.0  # an unknown GPU: no datasheet either
     with pytest.raises(SpecdecError, match="fewer than 4 rows"):
         fit_sweep(rows[:3], "test", "NVIDIA Test", dtype_bytes=2)
@@ -96,16 +97,16 @@ def test_sweep_fit_reports_uncertainty_and_refuses_a_bandwidth_below_the_noise()
 def test_h200_model_reproduces_the_measured_step_times():
     """zoo rank's H200 eager constants against the 11 step times measured there (in-sample: fitted to them),
     each within 15%, and the wide/deep draft ratio within 10%."""
-    measured = hardware.MEASURED["h200"]
+    measured = latency_model.MEASURED["h200"]
     predicted = {}
     for layers, hidden, inter, heads, ms_measured in measured["rows"]:
         shape = shape_from_config({"num_hidden_layers": layers, "hidden_size": hidden, "intermediate_size": inter,
                                    "num_attention_heads": heads, "vocab_size": 32000})
-        predicted[(layers, hidden)] = ms(shape, hardware.GPUS["h200"]), ms_measured
+        predicted[(layers, hidden)] = ms(shape, latency_model.GPUS["h200"]), ms_measured
         assert predicted[(layers, hidden)][0] == pytest.approx(ms_measured, rel=0.15), (layers, hidden)
     (wide, wide_m), (deep, deep_m) = predicted[(5, 4096)], predicted[(24, 2048)]
     assert wide / deep == pytest.approx(wide_m / deep_m, rel=0.10)
-    assert "max" in hardware.model_error("h200") and hardware.model_error("h200", "cuda-graphs") is None
+    assert "max" in latency_model.model_error("h200") and latency_model.model_error("h200", "cuda-graphs") is None
 
 
 PAPER_TARGETS = ["huggyllama/llama-65b", "facebook/opt-66b", "meta-llama/Llama-2-70b-hf", "meta-llama/Llama-3.1-8B",

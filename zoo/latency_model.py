@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from specdraft_eval.errors import SpecdecError
-from specdraft_eval.measure.profiles import Calibration
+from specdraft_eval.measure.profiles import Calibration, SweepRow
 
 RUNTIMES = ("eager", "cuda-graphs")
 A100_GRAPH_LAYER_MS = 0.085
@@ -73,7 +73,7 @@ class Accelerator:
     memory_gb: float
     runtimes: dict[str, RuntimeCost] = field(default_factory=dict)
     dtype_bytes: int = 2
-    source: str = "defaults (see zoo/hardware.py)"
+    source: str = "defaults (see zoo/latency_model.py)"
 
     def cost(self, runtime: str) -> RuntimeCost:
         if runtime not in self.runtimes:
@@ -194,7 +194,7 @@ def model_error(gpu: str, runtime: str = "eager") -> str | None:
             f"measured on {gpu} (in-sample: the constants were fitted to them)")
 
 
-def fit_sweep(rows: list[dict], name: str, hardware: str, dtype_bytes: int) -> Calibration:
+def fit_sweep(rows: list[SweepRow], name: str, hardware: str, dtype_bytes: int) -> Calibration:
     """Least-squares fit of ms per token = step + a × layers + b × weight bytes to a depth/width sweep (rows with
     ``layers``, ``weight_bytes`` and ``ms_per_token``), each constant with its standard error. A bandwidth whose
     term is not at least twice its standard error cannot be told from noise (a host-bound step): it is not
@@ -202,8 +202,8 @@ def fit_sweep(rows: list[dict], name: str, hardware: str, dtype_bytes: int) -> C
     with their fitted value (``fitted_ms``)."""
     import numpy as np
 
-    y = np.array([r["ms_per_token"] for r in rows], dtype=float)
-    full = np.array([[1.0, r["layers"], r["weight_bytes"] / 1e9] for r in rows], dtype=float)  # GB: well conditioned
+    y = np.array([r.ms_per_token for r in rows], dtype=float)
+    full = np.array([[1.0, r.layers, r.weight_bytes / 1e9] for r in rows], dtype=float)  # GB: well conditioned
     if len(rows) < 4:
         raise SpecdecError("the sweep has fewer than 4 rows: too few to fit 3 constants; rerun zoo profile --sweep")
     (c, a, b), errors = _lstsq(full, y)
@@ -223,7 +223,7 @@ def fit_sweep(rows: list[dict], name: str, hardware: str, dtype_bytes: int) -> C
         raise SpecdecError("the sweep does not fit a positive per-layer cost: rerun it with more --repeats on a "
                            "quieter machine")
     fitted = x @ coefficients
-    rows = [{**row, "fitted_ms": float(v)} for row, v in zip(rows, fitted, strict=True)]
+    rows = [replace(row, fitted_ms=float(v)) for row, v in zip(rows, fitted, strict=True)]
     return Calibration(name, float(a), bandwidth, hardware, "eager", dtype_bytes,
                        float(np.max(np.abs(fitted - y) / y)), rows, step_ms=float(c),
                        uncertainty={k: float(v) for k, v in uncertainty.items()}, note=reason)
