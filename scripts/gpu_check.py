@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from specdraft_eval.files import atomic_write, write_json  # noqa: E402
-from specdraft_eval.measure.environment import hardware, versions  # noqa: E402
+from specdraft_eval.measure.environment import dtype_name, hardware, versions  # noqa: E402
 
 DEPTHS = (1, 2, 4, 8, 16, 32)
 WIDTHS = (1024, 2048, 4096, 8192)
@@ -63,7 +63,7 @@ class Check:
         self.dtype = torch.float32 if args.small else torch.bfloat16
         self.start = time.perf_counter()
         self.results: dict = {"small": self.small, "device": hardware(self.device), "versions": versions(),
-                              "torch_cuda": torch.version.cuda, "dtype": str(self.dtype).removeprefix("torch.")}
+                              "torch_cuda": torch.version.cuda, "dtype": dtype_name(self.dtype)}
         self._tokenizer = None
         self._target = None
 
@@ -129,7 +129,7 @@ class Check:
 
 def step_latency(check: Check) -> None:
     """Part 1: ms per batch-1 step by shape, interleaved rounds after a warm-up per shape."""
-    from zoo.profile import context_tokens, engine_latency
+    from zoo.timing import context_tokens, engine_latency
 
     shapes = [(f"depth {n}", n, 4096, 11008, 32, 32) for n in DEPTHS]
     shapes += [(f"width {w}", 4, w, int(w * 2.6875), w // 128, w // 128) for w in WIDTHS if w != 4096]
@@ -159,7 +159,7 @@ def step_latency(check: Check) -> None:
 
 def verify_cost(check: Check) -> None:
     """Part 2: ms to verify k = 0..16 draft tokens on the 7B shape, at contexts 128 and 1024."""
-    from zoo.profile import context_tokens, engine_latency
+    from zoo.timing import context_tokens, engine_latency
 
     target, rows = check.target(), []
     for context in (128, 1024):
@@ -178,7 +178,8 @@ def bench(check: Check) -> None:
     from specdraft_eval.drafts import load_draft
     from specdraft_eval.errors import SpecdecError
     from specdraft_eval.integration.offline_data import task_prompts
-    from zoo.bench import check_lossless, run_bench
+    from zoo.bench.result import check_lossless
+    from zoo.bench.run import run_bench
 
     target = check.target()
     prompts = task_prompts("specdec_humaneval")[:3] + task_prompts("specdec_mmlu_cot")[:1]
@@ -192,13 +193,13 @@ def bench(check: Check) -> None:
     result = run_bench(target, "random-weight Llama-2-7B shape", check.tokenizer, drafters, prompts, 4,
                        check.args.repeats, check.args.new_tokens, compile=check.args.compile)
     try:
-        result["lossless"] = check_lossless(result, prompts)
+        result.lossless = check_lossless(result, prompts)
     except SpecdecError as exc:  # a finding to publish, not a crash
-        result["lossless"] = f"FAILED: {exc}"
-    check.results["bench"] = result
-    for row in result["configs"]:
-        check.log(f"3 {row['engine']:32s} {row['draft'] or '-':18s} {row['tokens_per_second']['median']:8.1f} tok/s "
-                  f"x{row['vs_autoregressive']['median']:.2f} TAR {row['tar']}")
+        result.lossless = f"FAILED: {exc}"
+    check.results["bench"] = result.to_json()
+    for row in result.configs:
+        check.log(f"3 {row.engine:32s} {row.draft or '-':18s} {row.tokens_per_second.median:8.1f} tok/s "
+                  f"x{row.vs_autoregressive.median:.2f} TAR {row.steps.tar}")
 
 
 def lm_eval_run(check: Check) -> None:
@@ -212,7 +213,7 @@ def lm_eval_run(check: Check) -> None:
     runs = []
     for batch in (1, 4):
         out = folder / f"results-{batch}"
-        dtype = str(check.dtype).removeprefix("torch.")
+        dtype = dtype_name(check.dtype)
         code = ("import sys, specdraft_eval.integration.lm_eval_hook; from lm_eval.__main__ import cli_evaluate; "
                 "sys.argv = ['lm_eval'] + sys.argv[1:]; cli_evaluate()")
         compiled = ",compile=true" if check.args.compile else ""
@@ -245,7 +246,7 @@ def steady_steps(check: Check) -> None:
     from specdraft_eval.engine.sampling import Sampler
     from specdraft_eval.engine.verify import verify_step
     from specdraft_eval.measure.timers import clock
-    from zoo.profile import context_tokens
+    from zoo.timing import context_tokens
 
     target, sampler, steps = check.target(), Sampler(), check.args.steady_steps
     runtimes = {"eager": (None, False), "static cache": (True, False), "compiled": (True, True)}

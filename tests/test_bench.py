@@ -10,7 +10,10 @@ from conftest import run_cli, save_tiny
 
 from specdraft_eval import load_draft, load_target
 from specdraft_eval.errors import SpecdecError
-from zoo import bench
+from specdraft_eval.measure.profiles import Spread
+from zoo.bench import result as bench_result
+from zoo.bench import run as bench_run
+from zoo.prompts import load_prompts
 
 WORDS = ["<unk>", "</s>", *[f"w{i}" for i in range(62)]]
 
@@ -32,24 +35,25 @@ def test_bench_runs_every_configuration_with_identical_tokens(tiny, prompts_file
     loaded = load_target(str(tiny))
     target, tokenizer = loaded.model, loaded.tokenizer
     drafters = [load_draft(name, loaded) for name in ("prompt-lookup", "layers:0-1")]
-    prompts = bench.load_prompts(None, prompts_file, 3)
-    result = bench.run_bench(target, str(tiny), tokenizer, drafters, prompts, gamma=3, repeats=2, max_new_tokens=10)
-    rows = result["configs"]
+    prompts = load_prompts(None, prompts_file, 3)
+    result = bench_run.run_bench(target, str(tiny), tokenizer, drafters, prompts, gamma=3, repeats=2, max_new_tokens=10)
+    data = result.to_json()
+    rows = data["configs"]
     assert [(r["engine"], r["draft"]) for r in rows] == [
-        (bench.AUTOREGRESSIVE, None), (bench.OURS_PLAIN, None),
+        (bench_result.AUTOREGRESSIVE, None), (bench_result.OURS_PLAIN, None),
         *[(engine, name) for name in ("prompt-lookup:3", "layers:0,1")
-          for engine in (bench.ASSISTED, bench.OURS, bench.OURS_DYNAMIC)],
+          for engine in (bench_result.ASSISTED, bench_result.OURS, bench_result.OURS_DYNAMIC)],
     ]
     assert all(r["identical"] for r in rows)
     assert {r["generated_tokens"] for r in rows} == {rows[0]["generated_tokens"]}
-    assert result["prompts"] == 3 and result["repeats"] == 2 and result["gamma"] == 3
+    assert data["prompts"] == 3 and data["repeats"] == 2 and data["gamma"] == 3
     for row in rows:
         spread = row["tokens_per_second"]
         assert spread["min"] <= spread["median"] <= spread["max"] and spread["min"] > 0
         assert 0 <= row["overhead"] < 1 and row["peak_mb"] > 0
-    ours = [r for r in rows if r["engine"] in (bench.OURS, bench.OURS_DYNAMIC)]
+    ours = [r for r in rows if r["engine"] in (bench_result.OURS, bench_result.OURS_DYNAMIC)]
     assert all(r["vs_assisted"] is not None and "predicted_tokens_per_second" not in r for r in ours)
-    layered = next(r for r in rows if r["engine"] == bench.OURS and r["draft"] == "layers:0,1")
+    layered = next(r for r in rows if r["engine"] == bench_result.OURS and r["draft"] == "layers:0,1")
     assert layered["draft_ms_per_token"] > 0 and layered["mean_gamma"] == pytest.approx(3, abs=1)
     assert layered["draft_weights_mb"] == 0.0  # a layer view shares the target's weights
     assert rows[0]["tar"] == 1  # autoregressive: one token per target call
@@ -64,13 +68,13 @@ def test_bench_catches_a_draft_that_changes_the_output(tiny, prompts_file, monke
     loaded = load_target(str(tiny))
     target, tokenizer = loaded.model, loaded.tokenizer
     drafter = load_draft("layers:0", loaded)
-    result = bench.run_bench(target, str(tiny), tokenizer, [drafter], bench.load_prompts(None, prompts_file, 1),
+    result = bench_run.run_bench(target, str(tiny), tokenizer, [drafter], load_prompts(None, prompts_file, 1),
                              gamma=2, repeats=1, max_new_tokens=8)
-    identical = {r["engine"]: r["identical"] for r in result["configs"]}
-    assert identical[bench.AUTOREGRESSIVE] and identical[bench.ASSISTED] and not identical[bench.OURS]
-    assert not identical[bench.OURS_PLAIN]  # our plain decoding goes through the same (broken) verifier
+    identical = {r.engine: r.identical for r in result.configs}
+    assert identical[bench_result.AUTOREGRESSIVE] and identical[bench_result.ASSISTED] and not identical[bench_result.OURS]
+    assert not identical[bench_result.OURS_PLAIN]  # our plain decoding goes through the same (broken) verifier
     with pytest.raises(SpecdecError, match=r"specdraft plain \(None, plain kernels\) differs .* on prompt 0 \('w"):
-        bench.check_lossless(result, bench.load_prompts(None, prompts_file, 1))
+        bench_result.check_lossless(result, load_prompts(None, prompts_file, 1))
 
 
 @pytest.mark.slow  # a real CLI run of some length: the full suite runs it
@@ -79,13 +83,13 @@ def test_bench_cli_json_and_table(tiny, prompts_file):
                    "--repeats", "1", "--max-new-tokens", "6", "--gamma", "2", "--json")
     assert done.returncode == 0, done.stderr[-2000:]
     data = json.loads(done.stdout)
-    assert data["schema_version"] == bench.SCHEMA_VERSION and data["task"] is None
+    assert data["schema_version"] == bench_result.SCHEMA_VERSION and data["task"] is None
     # same kernels: autoregressive, assisted, ours, ours dynamic; then transformers on plain kernels
     assert [(r["engine"], r["kernels"]) for r in data["configs"]] == [
-        (bench.AUTOREGRESSIVE, "onednn"), (bench.OURS_PLAIN, "onednn"), (bench.ASSISTED, "onednn"), (bench.OURS, "onednn"),
-        (bench.OURS_DYNAMIC, "onednn"), (bench.AUTOREGRESSIVE, "plain"), (bench.ASSISTED, "plain")]
+        (bench_result.AUTOREGRESSIVE, "onednn"), (bench_result.OURS_PLAIN, "onednn"), (bench_result.ASSISTED, "onednn"), (bench_result.OURS, "onednn"),
+        (bench_result.OURS_DYNAMIC, "onednn"), (bench_result.AUTOREGRESSIVE, "plain"), (bench_result.ASSISTED, "plain")]
     assert all(r["identical"] for r in data["configs"])
-    assert all(r["vs_plain_assisted"] for r in data["configs"] if r["engine"] == bench.OURS)
+    assert all(r["vs_plain_assisted"] for r in data["configs"] if r["engine"] == bench_result.OURS)
     table = run_cli("zoo", "bench", "--target", str(tiny), "--prompts", str(prompts_file), "--limit", "1",
                     "--repeats", "1", "--max-new-tokens", "4", "--drafts", "layers:0")
     assert table.returncode == 0, table.stderr[-2000:]
@@ -118,8 +122,8 @@ def test_transformers_assistant_gets_constant_gamma_from_its_own_config(tiny):
     loaded = load_target(str(tiny))
     drafter = load_draft(str(tiny), loaded)
     own = drafter.model.generation_config
-    kwargs = bench.assisted_kwargs(drafter, 3)
-    with bench._assistant_settings(kwargs):
+    kwargs = bench_run.assisted_kwargs(drafter, 3)
+    with bench_run._assistant_settings(kwargs):
         config = drafter.model.generation_config
         assert config is not own
         assert (config.num_assistant_tokens, config.num_assistant_tokens_schedule,
@@ -130,19 +134,19 @@ def test_transformers_assistant_gets_constant_gamma_from_its_own_config(tiny):
 def test_reduced_precision_near_ties_are_numerics_and_everything_else_fails():
     """The rule: in bfloat16/float16 a divergence within NEAR_TIE_LOGIT_MARGIN is counted as numerics; a larger
     margin, an unknown one, or any divergence in float32 is a losslessness failure."""
-    import torch
 
-    assert bench.near_tie(0.2, torch.bfloat16) and bench.near_tie(-0.2, torch.float16)
-    assert not bench.near_tie(2.0, torch.bfloat16) and not bench.near_tie(0.01, torch.float32)
-    assert not bench.near_tie(None, torch.bfloat16)
+    assert bench_result.near_tie(0.2, "bfloat16") and bench_result.near_tie(-0.2, "float16")
+    assert not bench_result.near_tie(2.0, "bfloat16") and not bench_result.near_tie(0.01, "float32")
+    assert not bench_result.near_tie(None, "bfloat16")
 
-    def result(dtype: str, margin: float | None) -> dict:
-        row = {"engine": bench.OURS, "draft": "prompt-lookup:3", "kernels": "plain", "mismatched_prompts": [0],
-               "mismatch_logit_margins": [margin]}
-        row["numerics"] = int(bench.near_tie(margin, getattr(torch, dtype)))
-        return {"dtype": dtype, "configs": [row]}
+    def result(dtype: str, margin: float | None) -> bench_result.BenchResult:
+        one = Spread.of([1.0])
+        row = bench_result.BenchRow(bench_result.OURS, "plain", "prompt-lookup:3", 3, False, [0], [margin],
+                                    int(bench_result.near_tie(margin, dtype)), 8, one, one, one, 0.0,
+                                    None, 0.0, bench_result.StepFigures(None, None, None, None))
+        return bench_result.BenchResult("t", dtype, False, "cpu", 3, 8, 1, 1, [row])
 
-    assert "1 divergence(s), each a bfloat16 near-tie" in bench.check_lossless(result("bfloat16", 0.25), ["p"])
+    assert "1 divergence(s), each a bfloat16 near-tie" in bench_result.check_lossless(result("bfloat16", 0.25), ["p"])
     for dtype, margin in (("bfloat16", 3.0), ("bfloat16", None), ("float32", 0.01)):
         with pytest.raises(SpecdecError, match="losslessness bug"):
-            bench.check_lossless(result(dtype, margin), ["p"])
+            bench_result.check_lossless(result(dtype, margin), ["p"])

@@ -81,7 +81,8 @@ def test_load_settings_defaults_and_errors():
 
 def test_loading_never_asks_for_hub_kernels_unless_told(tiny, monkeypatch):
     """transformers 5.25 defaults to use_kernels=True, which fetches kernels from the hub on CUDA: every load
-    passes use_kernels explicitly, False unless the user asks, and the model remembers which."""
+    passes use_kernels explicitly, False unless the user asks, and the Target remembers which (a model draft loads
+    with the same settings)."""
     from transformers import AutoModelForCausalLM
 
     seen = []
@@ -92,12 +93,8 @@ def test_loading_never_asks_for_hub_kernels_unless_told(tiny, monkeypatch):
         return real(cls, *args, **{k: v for k, v in kwargs.items() if k != "use_kernels"})
 
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", classmethod(spy))
-    loaded = load_target(str(tiny))
-    model, _ = loaded.model, loaded.tokenizer
-    assert seen == [False] and model.specdraft_use_kernels is False
-    loaded = LoadSettings(use_kernels=True).load(str(tiny))
-    model, _ = loaded.model, loaded.tokenizer
-    assert seen[-1] is True and model.specdraft_use_kernels is True
+    assert load_target(str(tiny)).settings.use_kernels is False and seen == [False]
+    assert LoadSettings(use_kernels=True).load(str(tiny)).settings.use_kernels is True and seen[-1] is True
 
 
 def test_specdec_record_says_dtype_and_hub_kernels(tiny):

@@ -279,24 +279,24 @@ def bench(
 ) -> None:
     """Time our engine against transformers' generate and assisted generation (greedy, same prompts; default
     draft: prompt-lookup), or with --batch-size, speculative against plain decoding at each batch size."""
-    from zoo import batch_study
-    from zoo import bench as benchmark
+    from zoo.bench import batch, render, run
+    from zoo.prompts import load_prompts
 
     sizes = parse_positive_ints(batch_size, "--batch-size") if batch_size is not None else None
-    texts = benchmark.load_prompts(task, prompts, limit if sizes is None or limit < 1 else max(limit, *sizes))
+    texts = load_prompts(task, prompts, limit if sizes is None or limit < 1 else max(limit, *sizes))
     args, g, settings = (target, drafts or ["prompt-lookup"], texts), one_gamma(gamma), load_settings(
         device, dtype, use_kernels, kernels)
     with progress("batch study" if sizes else "benchmarking") as tick:
-        result = (batch_study.study(*args, sizes, g, repeats, max_new_tokens, settings, tick) if sizes else
-                  benchmark.bench(*args, g, repeats, max_new_tokens, settings, compile, tick))
-    result["task"] = None if prompts else task or "specdec_humaneval"
+        result = (batch.study(*args, sizes, g, repeats, max_new_tokens, settings, tick) if sizes else
+                  run.bench(*args, g, repeats, max_new_tokens, settings, compile, tick))
+    result.task = None if prompts else task or "specdec_humaneval"
     if as_json:
-        emit(result, True)
+        emit(result.to_json(), True)
         return
-    typer.echo(f"target {target} ({result['dtype']}) on {result['hardware']}: {len(texts)} prompts × "
+    typer.echo(f"target {target} ({result.dtype}) on {result.hardware}: {len(texts)} prompts × "
                f"{max_new_tokens} new tokens, γ={gamma}, {repeats} repeats (median [min–max])")
-    emit((batch_study if sizes else benchmark).table_rows(result), False)
-    for name, size in result.get("pays_up_to_batch", {}).items():
+    emit(batch.table_rows(result) if sizes else render.table_rows(result), False)
+    for name, size in (result.pays_up_to_batch.items() if sizes else []):
         typer.echo(f"{name}: speculation pays " + (f"up to batch {size}" if size else "at no batch size measured"))
 
 

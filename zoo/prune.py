@@ -25,11 +25,11 @@ from specdraft_eval.integration.offline_data import (
     task_prompts,
 )
 from specdraft_eval.models.targets import LoadSettings
+from zoo.held_in import HELD_OUT, check_out
 from zoo.progress import Tick, no_progress
 
 SELECTIONS = ("first", "uniform", "block-influence")
 DEFAULT_CALIBRATION = "default"
-HELD_OUT = {"specdec_humaneval": 40, "specdec_mmlu_cot": 80}
 
 
 def calibration_texts(spec: str | None) -> list[str]:
@@ -176,12 +176,6 @@ def resolve_keep(model, tokenizer, layers: int | None, keep: str | None, select:
     if keep is not None:
         return parse_layers(keep, model.config.num_hidden_layers)
     return select_layers(model, tokenizer, layers, select, texts)
-
-
-def check_out(out: Path) -> None:
-    if out.exists():
-        raise SpecdecError(f"output directory {out} exists: choose a new --out or remove it")
-
 
 
 def make_draft(model: str, out: Path, layers: int | None, keep: str | None, select: str, calibration: str | None,

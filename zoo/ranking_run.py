@@ -14,7 +14,6 @@ from specdraft_eval.measure.profiles import read_calibration
 from specdraft_eval.measure.record import scan_results
 from specdraft_eval.models.targets import ALIASES, LoadSettings, Target
 from zoo import catalog, latency_model, shapes
-from zoo import profile as prof
 from zoo.loading import load_drafts
 from zoo.rank import (
     DEFAULT_MAX_NEW_TOKENS,
@@ -26,6 +25,7 @@ from zoo.rank import (
     rank,
     tar_from_results,
 )
+from zoo.timing import ensure_profile
 
 PROFILE_CONTEXT = 256
 PROFILE_REPEATS = 7
@@ -132,7 +132,7 @@ def _rank_here(target_name: str, task: str, n_measure: int, drafts: list[str] | 
         _measure_tar(target, task, n_measure, candidates, gammas or list(MEASURE_GAMMAS), max_new_tokens,
                      drafters)
     wanted = gammas or sorted({g for c in candidates for g in c.tar}) or list(MEASURE_GAMMAS)
-    profile = prof.ensure_profile(target.model, target_name, list(drafters.values()), wanted, PROFILE_CONTEXT,
+    profile = ensure_profile(target.model, target_name, list(drafters.values()), wanted, PROFILE_CONTEXT,
                                   PROFILE_REPEATS)
     for c in candidates:
         c.t_draft_ms = profile.drafts[c.draft].t_draft_ms

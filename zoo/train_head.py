@@ -43,9 +43,8 @@ from specdraft_eval.engine.taps import FeatureTap
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.files import atomic_output, write_json
 from specdraft_eval.models.targets import LoadSettings
-from zoo.ngram import generate_batches, ngram_prompts
+from zoo.held_in import check_out, generate_batches, ngram_prompts
 from zoo.progress import Tick, no_progress
-from zoo.prune import check_out
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,8 @@ from specdraft_eval.measure.profiles import Profile
 from specdraft_eval.measure.stats import GenerationStats
 from specdraft_eval.models.targets import LoadSettings
 from zoo.plotting import png_bytes
-from zoo.profile import context_tokens, engine_latency
 from zoo.progress import Tick, no_progress
+from zoo.timing import context_tokens, engine_latency
 
 BUCKETS = 3
 TASKS = ("specdec_humaneval", "specdec_mmlu_cot")

@@ -31,7 +31,7 @@ from specdraft_eval.engine.loop import (
 from specdraft_eval.engine.params import DecodeParams
 from specdraft_eval.errors import SpecdecError, one_line, raise_terminated
 from specdraft_eval.integration.recommend import resolve_auto
-from specdraft_eval.measure.environment import ModelFacts
+from specdraft_eval.measure.environment import ModelFacts, dtype_name
 from specdraft_eval.measure.profiles import default_profile_path, read_profile
 from specdraft_eval.measure.record import SpecdecRecord
 from specdraft_eval.measure.report import table
@@ -154,7 +154,7 @@ class SpecDecLM(HFLM):
             self._rank, self._world_size = accelerator.process_index, accelerator.num_processes
         kernel_paths.apply(self.model, kernels)  # before the draft, so that a layer view shares the packed layers
         target = Target(self.model, self.tokenizer, self.target_name,
-                        LoadSettings(str(self.model.device), str(self.model.dtype).removeprefix("torch."), kernels,
+                        LoadSettings(str(self.model.device), dtype_name(self.model.dtype), kernels,
                                      self.use_kernels))
         gamma, dynamic = 4, False
         if DraftSpec.parse(draft).kind == AUTO:
@@ -301,7 +301,7 @@ class SpecDecLM(HFLM):
             self._drafter.model,
             profile.latencies(self._drafter.name) if profile else None,
             self._mismatch_details,
-            dtype=str(self.model.dtype).removeprefix("torch."),
+            dtype=dtype_name(self.model.dtype),
             use_kernels=self.use_kernels,
             runtime={"static_cache": self.static_cache, "compile": self.compile, "score": self.score,
                      "attention": getattr(self.model.config, "_attn_implementation", None)},

@@ -9,6 +9,11 @@ from importlib.metadata import PackageNotFoundError, version
 PACKAGES = ("specdraft-eval", "lm-eval", "torch", "transformers")
 
 
+def dtype_name(dtype) -> str:
+    """A torch dtype as every record and result spells it: ``float32``, ``bfloat16``, ``float16``."""
+    return str(dtype).removeprefix("torch.")
+
+
 def hardware(device) -> str:
     """A short name for the device a run used (the GPU's name, or ``CPU: `` and the processor's)."""
     import torch

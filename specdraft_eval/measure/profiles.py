@@ -31,12 +31,18 @@ CALIBRATION_KIND = "specdraft_eval.calibration"
 
 @dataclass(frozen=True)
 class Spread:
-    """Median, min and max of timed samples, in milliseconds, and how many there were."""
+    """Median, min and max of repeated samples (milliseconds for timings: :meth:`of_seconds`), and how many
+    there were."""
 
     median: float
     min: float
     max: float
     n: int
+
+    @classmethod
+    def of(cls, samples: list[float]) -> Spread:
+        """The spread of ``samples`` as they are (ratios, tokens/s)."""
+        return cls(statistics.median(samples), min(samples), max(samples), len(samples))
 
     @classmethod
     def of_seconds(cls, samples: list[float]) -> Spread:

@@ -88,3 +88,12 @@ def weight_bytes(model: torch.nn.Module) -> dict[int, int]:
     seen = {p.data_ptr(): p.numel() * p.element_size() for p in model.parameters()}
     seen.update({id(m.packed): m.nbytes for m in model.modules() if isinstance(m, PackedLinear)})
     return seen
+
+
+def distinct_weight_bytes(*models: torch.nn.Module | None) -> int:
+    """Bytes of the distinct weight tensors of ``models`` (a layer view shares the target's; None: no model)."""
+    seen: dict[int, int] = {}
+    for model in models:
+        if model is not None:
+            seen.update(weight_bytes(model))
+    return sum(seen.values())

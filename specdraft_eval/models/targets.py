@@ -175,9 +175,10 @@ class Target:
 
     def __post_init__(self) -> None:
         if self.settings is None:
+            from specdraft_eval.measure.environment import dtype_name
             from specdraft_eval.models.kernels import kernels_of
 
-            settings = LoadSettings(str(self.model.device), str(self.model.dtype).removeprefix("torch."),
+            settings = LoadSettings(str(self.model.device), dtype_name(self.model.dtype),
                                     kernels_of(self.model))
             object.__setattr__(self, "settings", settings)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -19,13 +20,55 @@ from specdraft_eval.engine.loop import (
     speculative_generate_batch,
 )
 from specdraft_eval.errors import SpecdecError
-from specdraft_eval.measure.environment import ModelFacts, hardware
+from specdraft_eval.measure.environment import ModelFacts, dtype_name, hardware
+from specdraft_eval.measure.profiles import Spread
 from specdraft_eval.measure.stats import GenerationStats
+from specdraft_eval.measure.timers import peak_memory_mb
+from specdraft_eval.models.kernels import distinct_weight_bytes
 from specdraft_eval.models.targets import LoadSettings
-from zoo.bench import peak_memory_mb, spread, weight_bytes
 from zoo.progress import Tick, no_progress
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: spreads carry n, the task
+
+
+@dataclass(frozen=True)
+class BatchRow:
+    """One draft at one batch size: tokens/s speculative and plain (median [min–max] over repeats), the median
+    speedup, TAR, KV bytes per token and peak memory."""
+
+    draft: str
+    batch_size: int
+    tokens_per_second: Spread
+    plain_tokens_per_second: Spread
+    speedup: float
+    tar: float | None
+    target_kv_bytes_per_token: int
+    draft_kv_bytes_per_token: int
+    peak_mb: float
+    plain_peak_mb: float
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "tokens_per_second": self.tokens_per_second.to_json(),
+                "plain_tokens_per_second": self.plain_tokens_per_second.to_json()}
+
+
+@dataclass
+class BatchStudy:
+    """``zoo bench --batch-size``: the rows, the largest batch at which each draft still paid, and where."""
+
+    hardware: str
+    dtype: str
+    threads: int
+    prompts: int
+    max_new_tokens: int
+    num_draft_tokens: int
+    repeats: int
+    rows: list[BatchRow] = field(default_factory=list)
+    pays_up_to_batch: dict[str, int | None] = field(default_factory=dict)
+    task: str | None = None
+
+    def to_json(self) -> dict:
+        return {"schema_version": SCHEMA_VERSION, **asdict(self), "rows": [r.to_json() for r in self.rows]}
 
 
 def _batches(prompts: list[list[int]], size: int) -> list[list[list[int]]]:
@@ -33,7 +76,7 @@ def _batches(prompts: list[list[int]], size: int) -> list[list[list[int]]]:
 
 
 def run_batch_study(target, tokenizer, drafters: list, prompts: list[str], batch_sizes: list[int], gamma: int,
-                    repeats: int, max_new_tokens: int, on_run: Callable[[], None] = lambda: None) -> dict:
+                    repeats: int, max_new_tokens: int, on_run: Callable[[], None] = lambda: None) -> BatchStudy:
     """Run the study (see the module docstring); raise :class:`SpecdecError` naming a prompt whose output
     differs from plain decoding."""
     ids = [tokenizer(p).input_ids[-512:] for p in prompts]  # long few-shot prompts: keep prefill comparable
@@ -60,42 +103,38 @@ def run_batch_study(target, tokenizer, drafters: list, prompts: list[str], batch
                 spec.append(total.tokens_per_second)
                 plain.append(base_total.baseline_tokens_per_second)
                 tars.append(total.tar)
-            resident = weight_bytes(target, drafter.model)
+            resident = distinct_weight_bytes(target, drafter.model)
             first = ids[:size]
-            rows.append({
-                "draft": drafter.name, "batch_size": size,
-                "tokens_per_second": spread(spec), "plain_tokens_per_second": spread(plain),
-                "speedup": statistics.median(s / p for s, p in zip(spec, plain, strict=True)),
-                "tar": tars[0],
-                "target_kv_bytes_per_token": ModelFacts.of(target).kv_bytes_per_token,
-                "draft_kv_bytes_per_token": ModelFacts.of(drafter.model).kv_bytes_per_token,
-                "peak_mb": peak_memory_mb(lambda: speculative_generate_batch(target, drafter, first, max_new_tokens,
-                                                                             num_draft_tokens=gamma), target.device, resident),
-                "plain_peak_mb": peak_memory_mb(lambda: autoregressive_generate_batch(target, first, max_new_tokens),
-                                                target.device, weight_bytes(target)),
-            })
+            rows.append(BatchRow(
+                drafter.name, size, Spread.of(spec), Spread.of(plain),
+                statistics.median(s / p for s, p in zip(spec, plain, strict=True)), tars[0],
+                ModelFacts.of(target).kv_bytes_per_token, ModelFacts.of(drafter.model).kv_bytes_per_token,
+                peak_memory_mb(lambda: speculative_generate_batch(target, drafter, first, max_new_tokens,
+                                                                  num_draft_tokens=gamma), target.device, resident),
+                peak_memory_mb(lambda: autoregressive_generate_batch(target, first, max_new_tokens),
+                               target.device, distinct_weight_bytes(target))))
     pays = {}
     for drafter in drafters:
-        paying = [r["batch_size"] for r in rows if r["draft"] == drafter.name and r["speedup"] > 1]
+        paying = [r.batch_size for r in rows if r.draft == drafter.name and r.speedup > 1]
         pays[drafter.name] = max(paying) if paying else None
-    return {"schema_version": SCHEMA_VERSION, "hardware": hardware(target.device), "dtype": str(target.dtype),
-            "threads": torch.get_num_threads(), "prompts": len(prompts), "max_new_tokens": max_new_tokens,
-            "num_draft_tokens": gamma, "repeats": repeats, "rows": rows, "pays_up_to_batch": pays}
+    return BatchStudy(hardware(target.device), dtype_name(target.dtype), torch.get_num_threads(), len(prompts),
+                      max_new_tokens, gamma, repeats, rows, pays)
 
 
-def table_rows(result: dict) -> list[dict]:
-    def spread(s: dict) -> str:
-        return f"{s['median']:.1f} [{s['min']:.1f}–{s['max']:.1f}]"
+def table_rows(result: BatchStudy) -> list[dict]:
+    """The study as flat rows for the CLI's table (its only reader)."""
+    def spread(s: Spread) -> str:
+        return f"{s.median:.1f} [{s.min:.1f}–{s.max:.1f}]"
 
-    return [{"draft": r["draft"], "batch": r["batch_size"], "tok/s": spread(r["tokens_per_second"]),
-             "plain tok/s": spread(r["plain_tokens_per_second"]), "speedup": round(r["speedup"], 2),
-             "TAR": round(r["tar"], 2) if r["tar"] else None, "target KV B/tok": r["target_kv_bytes_per_token"],
-             "draft KV B/tok": r["draft_kv_bytes_per_token"], "peak MB": round(r["peak_mb"]),
-             "plain peak MB": round(r["plain_peak_mb"])} for r in result["rows"]]
+    return [{"draft": r.draft, "batch": r.batch_size, "tok/s": spread(r.tokens_per_second),
+             "plain tok/s": spread(r.plain_tokens_per_second), "speedup": round(r.speedup, 2),
+             "TAR": round(r.tar, 2) if r.tar else None, "target KV B/tok": r.target_kv_bytes_per_token,
+             "draft KV B/tok": r.draft_kv_bytes_per_token, "peak MB": round(r.peak_mb),
+             "plain peak MB": round(r.plain_peak_mb)} for r in result.rows]
 
 
 def study(target_name: str, drafts: list[str], prompts: list[str], batch_sizes: list[int], gamma: int, repeats: int,
-          max_new_tokens: int, settings: LoadSettings, tick: Tick = no_progress) -> dict:
+          max_new_tokens: int, settings: LoadSettings, tick: Tick = no_progress) -> BatchStudy:
     """``zoo bench --batch-size``: load the target and drafts with ``settings`` and :func:`run_batch_study`."""
     from zoo.loading import load_run
 

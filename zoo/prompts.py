@@ -1,0 +1,41 @@
+"""Prompts for the measuring commands: a bundled task's or a file's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from specdraft_eval.errors import SpecdecError
+
+
+def load_prompts(task: str | None, prompts_file: Path | None, limit: int) -> list[str]:
+    """``limit`` prompts from a bundled task or a file (a JSON list of strings, or JSON lines of strings
+    or ``{"prompt": ...}`` objects)."""
+    from specdraft_eval.integration.offline_data import task_prompts
+
+    if task and prompts_file:
+        raise SpecdecError("give --task or --prompts, not both")
+    if limit < 1:
+        raise SpecdecError(f"--limit {limit} must be >= 1")
+    if prompts_file is None:
+        return task_prompts(task or "specdec_humaneval")[:limit]
+    try:
+        text = prompts_file.read_text()
+    except OSError as exc:
+        raise SpecdecError(f"cannot read --prompts {prompts_file}: {exc.strerror}; give a JSON or JSONL file") from None
+    try:
+        items = json.loads(text) if text.lstrip().startswith("[") else [json.loads(l) for l in text.splitlines() if l.strip()]
+    except ValueError as exc:
+        raise SpecdecError(f"--prompts {prompts_file} is not JSON/JSONL ({exc}); use a list of strings or "
+                           'lines such as {"prompt": "..."}') from None
+    prompts = [item["prompt"] if isinstance(item, dict) and "prompt" in item else item for item in items]
+    if not prompts or not all(isinstance(p, str) and p for p in prompts):
+        raise SpecdecError(f"--prompts {prompts_file} must hold non-empty strings (or objects with a \"prompt\")")
+    return prompts[:limit]
+
+
+def check_options(gamma: int, repeats: int, max_new_tokens: int) -> None:
+    """One-line errors for counts below 1."""
+    for name, value in (("--gamma", gamma), ("--repeats", repeats), ("--max-new-tokens", max_new_tokens)):
+        if value < 1:
+            raise SpecdecError(f"{name} {value} must be >= 1")
