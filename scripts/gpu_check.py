@@ -178,7 +178,7 @@ def bench(check: Check) -> None:
     from specdraft_eval.drafts import load_draft
     from specdraft_eval.errors import SpecdecError
     from specdraft_eval.integration.offline_data import task_prompts
-    from zoo.bench.result import check_lossless
+    from zoo.bench.result import BenchPlan, check_lossless
     from zoo.bench.run import run_bench
 
     target = check.target()
@@ -190,8 +190,8 @@ def bench(check: Check) -> None:
     loaded = Target(target, check.tokenizer)
     drafters = [load_draft("prompt-lookup", loaded), load_draft("layers:0-4", loaded),
                 EagleDrafter(new_head(target), target, "eagle-head", None)]  # one layer + the target's head
-    result = run_bench(target, "random-weight Llama-2-7B shape", check.tokenizer, drafters, prompts, 4,
-                       check.args.repeats, check.args.new_tokens, compile=check.args.compile)
+    result = run_bench(target, "random-weight Llama-2-7B shape", check.tokenizer, drafters, prompts,
+                       BenchPlan(4, check.args.repeats, check.args.new_tokens, check.args.compile))
     try:
         result.lossless = check_lossless(result, prompts)
     except SpecdecError as exc:  # a finding to publish, not a crash

@@ -36,7 +36,7 @@ def test_bench_runs_every_configuration_with_identical_tokens(tiny, prompts_file
     target, tokenizer = loaded.model, loaded.tokenizer
     drafters = [load_draft(name, loaded) for name in ("prompt-lookup", "layers:0-1")]
     prompts = load_prompts(None, prompts_file, 3)
-    result = bench_run.run_bench(target, str(tiny), tokenizer, drafters, prompts, gamma=3, repeats=2, max_new_tokens=10)
+    result = bench_run.run_bench(target, str(tiny), tokenizer, drafters, prompts, bench_result.BenchPlan(3, 2, 10))
     data = result.to_json()
     rows = data["configs"]
     assert [(r["engine"], r["draft"]) for r in rows] == [
@@ -69,7 +69,7 @@ def test_bench_catches_a_draft_that_changes_the_output(tiny, prompts_file, monke
     target, tokenizer = loaded.model, loaded.tokenizer
     drafter = load_draft("layers:0", loaded)
     result = bench_run.run_bench(target, str(tiny), tokenizer, [drafter], load_prompts(None, prompts_file, 1),
-                             gamma=2, repeats=1, max_new_tokens=8)
+                                 bench_result.BenchPlan(2, 1, 8))
     identical = {r.engine: r.identical for r in result.configs}
     assert identical[bench_result.AUTOREGRESSIVE] and identical[bench_result.ASSISTED] and not identical[bench_result.OURS]
     assert not identical[bench_result.OURS_PLAIN]  # our plain decoding goes through the same (broken) verifier

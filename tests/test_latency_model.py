@@ -119,9 +119,10 @@ def test_paper_targets_rank_offline_without_weights(target, tmp_path):
     done = run_cli("zoo", "rank", "--target", target, "--gpu", "a100-80gb", "--results", str(tmp_path),
                    "--drafts", "prompt-lookup", "--drafts", "layers:0-4", "--json", env=env)
     assert done.returncode == 0, done.stderr[-2000:]
-    rows = json.loads(done.stdout)
+    ranking = json.loads(done.stdout)
+    rows = ranking["rows"]
     assert {r["draft"] for r in rows} == {"prompt-lookup:3", "layers:0,1,2,3,4"}
-    assert all(r["target_ms_per_token"] > 0 and r["tar_source"].startswith("missing") for r in rows)
+    assert ranking["target_ms_per_token"] > 0 and all(r["tar_source"].startswith("missing") for r in rows)
 
 
 def test_rank_names_the_calibration_it_uses(tmp_path):
@@ -138,7 +139,7 @@ def test_rank_names_the_calibration_it_uses(tmp_path):
     done = run_cli("zoo", "rank", "--target", "llama-2-7b", "--gpu", "my-gpu", "--drafts", "layers:0-1",
                    "--results", str(tmp_path), "--json", env=env)
     assert done.returncode == 0, done.stderr[-2000:]
-    row = json.loads(done.stdout)[0]
+    row = json.loads(done.stdout)["rows"][0]
     assert row["latency_source"].startswith("calibration (NVIDIA Test, eager)")
     # 2 layers × 0.2 ms + (2 layers of 202.4 M + the 131 M output head) × 2 bytes / 900 GB/s
     assert row["draft_ms_per_token"] == pytest.approx(2 * 0.2 + (2 * 202.4e6 + 131e6) * 2 / 900e9 * 1000, rel=0.01)
@@ -159,7 +160,7 @@ def test_rank_counts_kv_reads_at_the_context_asked_for(tmp_path):
         done = run_cli("zoo", "rank", "--target", "llama-2-7b", "--gpu", "h200", "--runtime", "cuda-graphs",
                        "--drafts", "prompt-lookup", "--context", context, "--json", env=env)
         assert done.returncode == 0, done.stderr[-2000:]
-        return json.loads(done.stdout)[0]["target_ms_per_token"]
+        return json.loads(done.stdout)["target_ms_per_token"]
 
     # Llama-2-7B: 32 layers x 32 KV heads x 128 x 2 (K and V) x 2 bytes = 0.5 MB per token, at 4.8 TB/s
     assert target_ms("4096") - target_ms("0") == pytest.approx(4096 * 524288 / 4.8e12 * 1000, rel=0.01)
@@ -173,8 +174,9 @@ def test_rank_h200_on_the_catalogs_llama_shapes_reproduces_the_measured_figures(
     done = run_cli("zoo", "rank", "--target", "llama-2-7b", "--gpu", "h200", "--drafts", "sheared-llama-1.3b",
                    "--drafts", "wide-sheared-llama-1.3b", "--json", env={"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path)})
     assert done.returncode == 0, done.stderr[-2000:]
-    rows = {r["draft"]: r for r in json.loads(done.stdout)}
-    assert rows["sheared-llama-1.3b"]["target_ms_per_token"] == pytest.approx(21.21, rel=0.15)
+    ranking = json.loads(done.stdout)
+    rows = {r["draft"]: r for r in ranking["rows"]}
+    assert ranking["target_ms_per_token"] == pytest.approx(21.21, rel=0.15)
     deep, wide = rows["sheared-llama-1.3b"]["draft_ms_per_token"], rows["wide-sheared-llama-1.3b"]["draft_ms_per_token"]
     assert deep == pytest.approx(14.94, rel=0.15) and wide == pytest.approx(3.91, rel=0.15)
     assert wide / deep == pytest.approx(3.91 / 14.94, rel=0.10)

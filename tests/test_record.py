@@ -223,7 +223,7 @@ def test_rank_warns_once_for_a_bad_file_in_a_folder_and_errors_for_a_named_one(t
     assert done.returncode == 0, done.stderr
     warnings = [l for l in done.stderr.splitlines() if l.startswith("zoo: warning:")]
     assert len(warnings) == 1 and str(path) in warnings[0] and MESSAGES[kind] in warnings[0]
-    assert json.loads(done.stdout)[0]["predicted_tokens_per_second"] > 0
+    assert json.loads(done.stdout)["rows"][0]["predicted_tokens_per_second"] > 0
     assert_one_line_error(run_cli(*base, "--results", str(path)), str(path))
 
 
@@ -248,7 +248,7 @@ def test_profile_then_rank_runs_clean(tiny, tmp_path):
     env = {"SPECDRAFT_EVAL_CACHE": str(tmp_path)}
     zoo_json("profile", "--target", str(tiny), "--context", "16", "--repeats", "1", "--gamma", "1", env=env)
     rows = zoo_json("rank", "--target", str(tiny), "--gpu", "this", "--gamma", "1,2", "--results", str(tmp_path),
-                    "--drafts", "prompt-lookup", "--drafts", "layers:0-1", env=env)
+                    "--drafts", "prompt-lookup", "--drafts", "layers:0-1", env=env)["rows"]
     assert {r["draft"] for r in rows} == {"prompt-lookup:3", "layers:0,1"}
     assert all(r["tar_source"].startswith("missing: ") for r in rows)
 
@@ -258,12 +258,12 @@ def test_rank_estimates_every_smaller_gamma_from_results(tiny, tmp_path):
     good_results(results, target=str(tiny), gamma=3)
     done = run_cli("zoo", "rank", "--target", str(tiny), "--gpu", "a100-80gb", "--results", str(results))
     assert done.returncode == 0, done.stderr
-    rows = zoo_json("rank", "--target", str(tiny), "--gpu", "a100-80gb", "--results", str(results))
+    rows = zoo_json("rank", "--target", str(tiny), "--gpu", "a100-80gb", "--results", str(results))["rows"]
     row = next(r for r in rows if r["draft"] == "prompt-lookup:3")
     assert set(row["predicted_by_gamma"]) == {"1", "2", "3"}
     assert "1: " in done.stdout and "3: " in done.stdout
     def source(gamma: str) -> str:
         ranked = zoo_json("rank", "--target", str(tiny), "--gpu", "a100-80gb", "--results", str(results), "--gamma", gamma)
-        return next(r for r in ranked if r["draft"] == "prompt-lookup:3")["tar_source"]
+        return next(r for r in ranked["rows"] if r["draft"] == "prompt-lookup:3")["tar_source"]
 
     assert source("3").startswith("results γ=3") and source("1") == "estimate from γ=3 results"

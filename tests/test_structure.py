@@ -180,7 +180,7 @@ def test_zoo_rank_ranks_every_published_record(tmp_path):
     done = run_cli("zoo", "rank", "--target", "smollm2-135m-instruct", "--gpu", "h100", "--json", cwd=tmp_path,
                    env={"HF_HUB_OFFLINE": "1"})
     assert done.returncode == 0, done.stderr[-2000:]
-    rows = json.loads(done.stdout)
+    rows = json.loads(done.stdout)["rows"]
     ranked = {r["draft"] for r in rows}
     assert drafts <= ranked, drafts - ranked
     assert all(r["predicted_tokens_per_second"] for r in rows if r["draft"] in fixed)

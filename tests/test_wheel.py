@@ -43,7 +43,7 @@ def _answers(python: Path, scripts: Path, cwd: Path, env: dict) -> dict:
     return {"module": probe["module"], "auto": _normalised(probe["auto"], base),
             "recommend": (_normalised(recommend["draft"], base), recommend["num_draft_tokens"],
                           recommend["dynamic_gamma"]),
-            "rank": [(r["draft"], r["best_gamma"], r["predicted_tokens_per_second"]) for r in rank]}
+            "rank": [(r["draft"], r["best_gamma"], r["predicted_tokens_per_second"]) for r in rank["rows"]]}
 
 
 def test_installed_wheel_answers_like_the_checkout(tmp_path):

@@ -133,7 +133,7 @@ def test_profile_sweep_covers_depth_and_width_and_is_fitted(tmp_path):
 @pytest.mark.parametrize("gpu", ["h100", "this"])
 def test_rank_measures_and_orders(tiny, gpu, tmp_path):
     rows = zoo_json("rank", "--target", str(tiny), "--gpu", gpu, "--drafts", "prompt-lookup", "--drafts", "layers:0-1",
-                    "--measure", "2", "--gamma", "1,2", "--max-new-tokens", "8", env={"SPECDRAFT_EVAL_CACHE": str(tmp_path)})
+                    "--measure", "2", "--gamma", "1,2", "--max-new-tokens", "8", env={"SPECDRAFT_EVAL_CACHE": str(tmp_path)})["rows"]
     assert [r["draft"] for r in rows] != [] and len(rows) == 2
     predicted = [r["predicted_tokens_per_second"] for r in rows]
     assert predicted == sorted(predicted, reverse=True)

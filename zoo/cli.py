@@ -9,30 +9,13 @@ import typer
 
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.models.targets import DEFAULT_TARGET
-from zoo.cli_support import (
-    CompileOpt,
-    ContextOpt,
-    DeviceOpt,
-    DraftsOpt,
-    DtypeOpt,
-    DynamicOpt,
-    GammaOpt,
-    GridOpt,
-    JsonOpt,
-    KernelsOpt,
-    MaxNewOpt,
-    OutOpt,
-    PromptsOpt,
-    RepeatsOpt,
-    ResultsOpt,
-    TargetOpt,
-    UseKernelsOpt,
-    cli_errors,
-    emit,
-    load_settings,
-    one_gamma,
-    parse_positive_ints,
-    progress,
+
+from zoo.cli_support import (  # isort: skip (one wrapped list, not a line per name)
+    BatchSizeOpt, BenchGammaOpt, CalibrateOpt, CalibrationOpt, CompileOpt, ContextOpt, DeviceOpt, DistillOpt,
+    DraftsOpt, DtypeOpt, DynamicOpt, GammaOpt, GpuOpt, GridOpt, JsonOpt, KeepOpt, KernelsOpt, LayersOpt, MaxNewOpt,
+    NewTokensOpt, NgramPromptsOpt, OnPolicyOpt, OutOpt, PlotOpt, ProfileOutOpt, PromptsFileOpt, PromptsOpt,
+    RankGammaOpt, RepeatsOpt, ResultsOpt, RuntimeOpt, ScoreTaskOpt, SelectOpt, SweepOpt, TargetOpt, UseKernelsOpt,
+    VocabTopOpt, cli_errors, emit, existing, load_settings, one_gamma, parse_positive_ints, progress
 )
 from zoo.rank import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TASK
 
@@ -53,8 +36,7 @@ def list_drafts(
 
     listing = catalog.listing(target)
     if as_json:
-        emit(listing, True)
-        return
+        return emit(listing, True)
     emit(listing["drafts"], False, ["name", "family", "hub_id", "parameters_m", "layers", "licence", "source"])
     emit(listing["training_free"], False, ["name", "family", "source"])
 
@@ -78,26 +60,22 @@ def pull(
 def prune(
     model: Annotated[str, typer.Argument(help="Model to prune: the target itself or a larger draft.")],
     out: OutOpt,
-    layers: Annotated[Optional[int], typer.Option("--layers", "-n", help="Number of decoder layers to keep.")] = None,
-    keep: Annotated[Optional[str], typer.Option("--keep", help="Exact layers to keep, e.g. 0,1,2,3,29 or 0-3,29.")] = None,
-    select: Annotated[str, typer.Option(help="With --layers: first, uniform or block-influence (ShortGPT).")] = "first",
-    calibration: Annotated[Optional[str], typer.Option(help="Calibration/distillation text: a file, a bundled task "
-                                                       "(specdec_humaneval, specdec_mmlu_cot) or literal text.")] = None,
-    distill_tokens: Annotated[int, typer.Option(help="Distil from the source model on this many tokens (0: no).")] = 0,
-    on_policy: Annotated[bool, typer.Option(help="Distil on text the source model generates itself (slower).")] = False,
-    vocab_top: Annotated[Optional[int], typer.Option(help="Give the draft a reduced output head over the K most "
-                                                     "frequent calibration tokens (draft-side only).")] = None,
+layers: LayersOpt = None,
+keep: KeepOpt = None,
+select: SelectOpt = "first",
+calibration: CalibrationOpt = None,
+distill_tokens: DistillOpt = 0,
+on_policy: OnPolicyOpt = False,
+vocab_top: VocabTopOpt = None,
     device: DeviceOpt = None, dtype: DtypeOpt = "float32", use_kernels: UseKernelsOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Build a depth-pruned draft (optionally distilled) as a normal HF model directory."""
-    from zoo.prune import make_draft
+    from zoo.prune import Pruning, make_draft
 
-    settings = load_settings(device, dtype, use_kernels, "plain")
+    pruning = Pruning(layers, keep, select, calibration, distill_tokens, on_policy, vocab_top)
     with progress("distilling") as tick:
-        built = make_draft(model, out, layers, keep, select, calibration, distill_tokens, on_policy, vocab_top,
-                           settings, tick)
-    emit(built, as_json)
+        emit(make_draft(model, out, pruning, load_settings(device, dtype, use_kernels, "plain"), tick), as_json)
 
 
 @app.command()
@@ -106,11 +84,8 @@ def ngram(
     model: Annotated[str, typer.Argument(help="The target whose own continuations the draft learns.")],
     out: OutOpt,
     prompts: PromptsOpt = None,
-    new_tokens: Annotated[int, typer.Option(help="Tokens the target generates per prompt.")] = 128,
-    max_prompts: Annotated[int, typer.Option(help="Continue at most this many prompts (the default keeps the build "
-                                             "under 10 minutes on 2 CPU cores).")] = 160,
-    device: DeviceOpt = None, dtype: DtypeOpt = "auto", use_kernels: UseKernelsOpt = False,
-    as_json: JsonOpt = False,
+    new_tokens: NewTokensOpt = 128, max_prompts: NgramPromptsOpt = 160,
+    device: DeviceOpt = None, dtype: DtypeOpt = "auto", use_kernels: UseKernelsOpt = False, as_json: JsonOpt = False,
 ) -> None:
     """Build an n-gram draft (`draft=ngram:DIR`) from the target's own greedy continuations of held-in prompts."""
     from zoo.ngram import make_draft
@@ -128,7 +103,7 @@ def train_head(
     prompts: PromptsOpt = None,
     steps: Annotated[int, typer.Option(help="Training steps (8 windows of 192 tokens each).")] = 700,
     vocab_top: Annotated[int, typer.Option(help="Output vocabulary: the target's commonest tokens (0: all).")] = 8192,
-    new_tokens: Annotated[int, typer.Option(help="Tokens the target generates per prompt.")] = 160,
+    new_tokens: NewTokensOpt = 160,
     max_prompts: Annotated[Optional[int], typer.Option(help="Continue at most this many prompts.")] = None,
     device: DeviceOpt = None, dtype: DtypeOpt = "auto", as_json: JsonOpt = False,
 ) -> None:
@@ -149,13 +124,9 @@ def profile(
     gamma: GammaOpt = "1,2,4,8",
     context: Annotated[int, typer.Option(help="Context length (tokens) at which to time.")] = 256,
     repeats: RepeatsOpt = 16,
-    out: Annotated[Optional[Path], typer.Option(help="Profile file (default: in the cache, reused by rank); with "
-                                                "--sweep: a file for the sweep and its fit (zoo leaderboard reads "
-                                                "sweep*.json files beside results).")] = None,
-    sweep: Annotated[bool, typer.Option(help="Instead: latency vs depth and width of random-weight models, and a "
-                                        "fit of the latency model's per-layer cost and bandwidth to it.")] = False,
-    calibrate: Annotated[Optional[str], typer.Option(help="With --sweep: store the fit as a calibration under this "
-                                                     "GPU name, which `zoo rank --gpu NAME` then uses.")] = None,
+out: ProfileOutOpt = None,
+sweep: SweepOpt = False,
+calibrate: CalibrateOpt = None,
     kernels: KernelsOpt = "onednn",
     device: DeviceOpt = None, dtype: DtypeOpt = "auto", use_kernels: UseKernelsOpt = False,
     as_json: JsonOpt = False,
@@ -169,19 +140,17 @@ def profile(
     settings = load_settings(device, dtype, use_kernels, kernels)
     if sweep:
         fit, paths = prof.sweep(repeats, calibrate, settings, out)
+        rows = [row.to_json() for row in fit.rows]
         if as_json:
-            rows = [row.to_json() for row in fit.rows]
-            emit({"rows": rows, "fit": {**fit.to_json(), "rows": None, "paths": [str(p) for p in paths]}}, True)
-            return
-        emit([row.to_json() for row in fit.rows], False)
+            return emit({"rows": rows, "fit": {**fit.to_json(), "rows": None, "paths": [str(p) for p in paths]}}, True)
+        emit(rows, False)
         typer.echo(str(fit) + (f"; calibration written to {paths[0]} for `zoo rank --gpu {calibrate}`" if calibrate
                                else "") + (f"; sweep written to {out}" if out else ""))
         return
     data, path = prof.profile_target(target, drafts or ["prompt-lookup"], parse_positive_ints(gamma), context,
                                      repeats, out, settings)
     if as_json:
-        emit({**data.to_json(), "path": str(path)}, True)
-        return
+        return emit({**data.to_json(), "path": str(path)}, True)
     typer.echo(f"target {target} on {data.hardware}: {data.t_target_ms:.2f} ms/token autoregressive "
                f"(medians over {repeats} steps on a growing cache of {context}+ tokens; min–max beside)")
     for rows in prof.table_rows(data):
@@ -193,33 +162,30 @@ def profile(
 @cli_errors
 def rank(
     target: TargetOpt = DEFAULT_TARGET,
-    gpu: Annotated[str, typer.Option(help="'this' (measure this machine) or a GPU name: a100-40gb, a100-80gb, "
-                                     "h100, h200, l4, a10g, rtx-4090, cpu, or one you calibrated.")] = "this",
+gpu: GpuOpt = "this",
     task: Annotated[str, typer.Option(help="Task whose TAR to use or measure.")] = DEFAULT_TASK,
     measure: Annotated[int, typer.Option(help="Measure TAR on this many prompts of the task (0: results only).")] = 0,
     drafts: DraftsOpt = None,
-    gamma: Annotated[Optional[str], typer.Option(help="Comma-separated γ values to rank; default: every γ up to the "
-                                                 "largest in the results (smaller ones estimated), or 1,2,4,8.")] = None,
+gamma: RankGammaOpt = None,
     results: ResultsOpt = None,
     max_new_tokens: MaxNewOpt = DEFAULT_MAX_NEW_TOKENS, context: ContextOpt = 128,
-    runtime: Annotated[str, typer.Option(help="With a named GPU: eager (PyTorch eager, as this engine) or "
-                                         "cuda-graphs (torch.compile / graph replay).")] = "eager",
+runtime: RuntimeOpt = "eager",
     device: DeviceOpt = None, dtype: DtypeOpt = "auto", use_kernels: UseKernelsOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Rank drafts for a target and a GPU by predicted tokens/s (analytical model, measured TAR); a named GPU ranks
     from model shapes alone. Default drafts: prompt-lookup, a 5-layer view, local catalog drafts, drafts with results."""
-    from zoo.rank import table_rows
+    from zoo.rank import RankOptions, table_rows
     from zoo.ranking_run import run_rank
 
-    rows = run_rank(target, gpu, task, measure, drafts, parse_positive_ints(gamma) if gamma else None,
-                    results or None, max_new_tokens, runtime, load_settings(device, dtype, use_kernels), context)
+    options = RankOptions(gpu, task, measure, drafts, parse_positive_ints(gamma) if gamma else None, results or None,
+                          max_new_tokens, runtime, context)
+    result = run_rank(target, options, load_settings(device, dtype, use_kernels))
     if as_json:
-        emit(rows, True)
-        return
-    typer.echo(f"target {target} on {gpu}: {rows[0]['target_ms_per_token']:.3g} ms per autoregressive token"
-               + (f"\nlatency model against measurements: {e}" if (e := rows[0].get("latency_model_error")) else ""))
-    emit(table_rows(rows), False)
+        return emit(result.to_json(), True)
+    typer.echo(f"target {target} on {gpu}: {result.target_ms_per_token:.3g} ms per autoregressive token"
+               + (f"\nlatency model against measurements: {e}" if (e := result.latency_model_error) else ""))
+    emit(table_rows(result), False)
 
 
 @app.command()
@@ -233,8 +199,7 @@ def validate(
     grid: GridOpt = False, dynamic: DynamicOpt = False,
     repeats: RepeatsOpt = 3,
     max_new_tokens: MaxNewOpt = DEFAULT_MAX_NEW_TOKENS,
-    plot: Annotated[Path, typer.Option(help="Where to write the predicted-vs-measured plot (and beside it, "
-                                       "the figures as .json); default: the working directory.")] = Path("validation.png"),
+plot: PlotOpt = Path("validation.png"),
     kernels: KernelsOpt = "onednn",
     device: DeviceOpt = None, dtype: DtypeOpt = "auto", use_kernels: UseKernelsOpt = False,
     as_json: JsonOpt = False,
@@ -248,13 +213,12 @@ def validate(
         result = validation.run(target, drafts, tasks, prompts, gammas, repeats, max_new_tokens, plot,
                                 load_settings(device, dtype, use_kernels, kernels), dynamic or grid, tick)
     if as_json:
-        emit(result["rows"], True)
-        return
-    typer.echo(f"target {target} on {result['hardware']}: {prompts} prompts × {max_new_tokens} tokens, "
+        return emit(result.to_json()["rows"], True)
+    typer.echo(f"target {target} on {result.hardware}: {prompts} prompts × {max_new_tokens} tokens, "
                f"{repeats} repeats (medians; min–max over repeats)")
     emit(validation.table_rows(result), False)
-    typer.echo(f"|deviation|: median {result['median_abs_deviation']:.1%}, p90 {result['p90_abs_deviation']:.1%}, "
-               f"max {result['max_abs_deviation']:.1%}; plot written to {plot}")
+    typer.echo(f"|deviation|: median {result.median_abs_deviation:.1%}, p90 {result.p90_abs_deviation:.1%}, "
+               f"max {result.max_abs_deviation:.1%}; plot written to {plot}")
 
 
 @app.command()
@@ -263,36 +227,31 @@ def bench(
     target: TargetOpt = DEFAULT_TARGET,
     drafts: DraftsOpt = None,
     task: Annotated[Optional[str], typer.Option(help=TaskText + " Default specdec_humaneval.")] = None,
-    prompts: Annotated[Optional[Path], typer.Option(help="Prompts file instead: a JSON list of strings or JSON "
-                                                    'lines of strings or {"prompt": ...}.')] = None,
+prompts: PromptsFileOpt = None,
     limit: Annotated[int, typer.Option(help="Number of prompts.")] = 4,
-    gamma: Annotated[str, typer.Option(help="γ (draft tokens per step) for the constant-γ runs; dynamic γ "
-                                       "starts there.")] = "4",
+gamma: BenchGammaOpt = "4",
     repeats: RepeatsOpt = 3,
     max_new_tokens: MaxNewOpt = 128,
     kernels: KernelsOpt = "onednn",
     device: DeviceOpt = None, dtype: DtypeOpt = "auto", use_kernels: UseKernelsOpt = False, compile: CompileOpt = False,
-    batch_size: Annotated[Optional[str], typer.Option(
-        "--batch-size", help="Batch study instead: comma-separated batch sizes (e.g. 1,2,4,8); tokens/s of our "
-        "batched engine, speculative and plain, per batch size (--limit is raised to the largest).")] = None,
+batch_size: BatchSizeOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Time our engine against transformers' generate and assisted generation (greedy, same prompts; default
     draft: prompt-lookup), or with --batch-size, speculative against plain decoding at each batch size."""
     from zoo.bench import batch, render, run
+    from zoo.bench.result import BenchPlan
     from zoo.prompts import load_prompts
 
     sizes = parse_positive_ints(batch_size, "--batch-size") if batch_size is not None else None
     texts = load_prompts(task, prompts, limit if sizes is None or limit < 1 else max(limit, *sizes))
-    args, g, settings = (target, drafts or ["prompt-lookup"], texts), one_gamma(gamma), load_settings(
-        device, dtype, use_kernels, kernels)
+    plan = BenchPlan(one_gamma(gamma), repeats, max_new_tokens, compile)
+    args = (target, drafts or ["prompt-lookup"], texts, plan, load_settings(device, dtype, use_kernels, kernels))
     with progress("batch study" if sizes else "benchmarking") as tick:
-        result = (batch.study(*args, sizes, g, repeats, max_new_tokens, settings, tick) if sizes else
-                  run.bench(*args, g, repeats, max_new_tokens, settings, compile, tick))
+        result = batch.study(*args, sizes, tick) if sizes else run.bench(*args, tick)
     result.task = None if prompts else task or "specdec_humaneval"
     if as_json:
-        emit(result.to_json(), True)
-        return
+        return emit(result.to_json(), True)
     typer.echo(f"target {target} ({result.dtype}) on {result.hardware}: {len(texts)} prompts × "
                f"{max_new_tokens} new tokens, γ={gamma}, {repeats} repeats (median [min–max])")
     emit(batch.table_rows(result) if sizes else render.table_rows(result), False)
@@ -304,8 +263,7 @@ def bench(
 @cli_errors
 def recommend(
     target: TargetOpt = DEFAULT_TARGET,
-    task: Annotated[Optional[str], typer.Option(help="Score by this task's speedup (default: geometric mean over the "
-                                                "tasks measured).")] = None,
+    task: ScoreTaskOpt = None,
     results: ResultsOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -315,13 +273,9 @@ def recommend(
     from specdraft_eval.integration.recommend import recommend as choose
     from specdraft_eval.measure.environment import default_device, hardware
 
-    for path in results or []:
-        if not path.exists():
-            raise SpecdecError(f"--results {path} does not exist: give folders written by lm_eval --output_path")
-    choice = choose(target, task, list(results) if results else None, hardware(default_device()))
+    choice = choose(target, task, existing(results), hardware(default_device()))
     if as_json:
-        emit(asdict(choice), True)
-        return
+        return emit(asdict(choice), True)
     typer.echo(f"draft=auto for {target}: draft={choice.draft}, num_draft_tokens={choice.num_draft_tokens}, "
                f"dynamic_gamma={str(choice.dynamic_gamma).lower()}\n  {choice.reason}")
     if choice.candidates:

@@ -51,6 +51,42 @@ CompileOpt = Annotated[bool, typer.Option("--compile", help="Our engine's steps 
                                           "(CUDA graphs on a GPU); its plain decoding too.")]
 KernelsOpt = Annotated[str, typer.Option(help="Linear-layer kernels: onednn (weights pre-packed once, CPU float32/bfloat16; "
                                           "what lm_eval --model specdec uses by default) or plain (PyTorch's own).")]
+LayersOpt = Annotated[Optional[int], typer.Option("--layers", "-n", help="Number of decoder layers to keep.")]
+KeepOpt = Annotated[Optional[str], typer.Option("--keep", help="Exact layers to keep, e.g. 0,1,2,3,29 or 0-3,29.")]
+SelectOpt = Annotated[str, typer.Option(help="With --layers: first, uniform or block-influence (ShortGPT).")]
+CalibrationOpt = Annotated[Optional[str], typer.Option(help="Calibration/distillation text: a file, a bundled task "
+                                                       "(specdec_humaneval, specdec_mmlu_cot) or literal text.")]
+DistillOpt = Annotated[int, typer.Option(help="Distil from the source model on this many tokens (0: no).")]
+OnPolicyOpt = Annotated[bool, typer.Option(help="Distil on text the source model generates itself (slower).")]
+VocabTopOpt = Annotated[Optional[int], typer.Option(help="Give the draft a reduced output head over the K most "
+                                                     "frequent calibration tokens (draft-side only).")]
+ProfileOutOpt = Annotated[Optional[Path], typer.Option(help="Profile file (default: in the cache, reused by rank); with "
+                                                "--sweep: a file for the sweep and its fit (zoo leaderboard reads "
+                                                "sweep*.json files beside results).")]
+SweepOpt = Annotated[bool, typer.Option(help="Instead: latency vs depth and width of random-weight models, and a "
+                                        "fit of the latency model's per-layer cost and bandwidth to it.")]
+CalibrateOpt = Annotated[Optional[str], typer.Option(help="With --sweep: store the fit as a calibration under this "
+                                                     "GPU name, which `zoo rank --gpu NAME` then uses.")]
+GpuOpt = Annotated[str, typer.Option(help="'this' (measure this machine) or a GPU name: a100-40gb, a100-80gb, "
+                                     "h100, h200, l4, a10g, rtx-4090, cpu, or one you calibrated.")]
+RankGammaOpt = Annotated[Optional[str], typer.Option(help="Comma-separated γ values to rank; default: every γ up to the "
+                                                 "largest in the results (smaller ones estimated), or 1,2,4,8.")]
+RuntimeOpt = Annotated[str, typer.Option(help="With a named GPU: eager (PyTorch eager, as this engine) or "
+                                         "cuda-graphs (torch.compile / graph replay).")]
+PlotOpt = Annotated[Path, typer.Option(help="Where to write the predicted-vs-measured plot (and beside it, "
+                                       "the figures as .json); default: the working directory.")]
+PromptsFileOpt = Annotated[Optional[Path], typer.Option(help="Prompts file instead: a JSON list of strings or JSON "
+                                                    'lines of strings or {"prompt": ...}.')]
+BenchGammaOpt = Annotated[str, typer.Option(help="γ (draft tokens per step) for the constant-γ runs; dynamic γ "
+                                       "starts there.")]
+BatchSizeOpt = Annotated[Optional[str], typer.Option(
+        "--batch-size", help="Batch study instead: comma-separated batch sizes (e.g. 1,2,4,8); tokens/s of our "
+        "batched engine, speculative and plain, per batch size (--limit is raised to the largest).")]
+NewTokensOpt = Annotated[int, typer.Option(help="Tokens the target generates per prompt.")]
+NgramPromptsOpt = Annotated[int, typer.Option(help="Continue at most this many prompts (the default keeps the build "
+                                              "under 10 minutes on 2 CPU cores).")]
+ScoreTaskOpt = Annotated[Optional[str], typer.Option(help="Score by this task's speedup (default: geometric mean over "
+                                                     "the tasks measured).")]
 
 
 def cli_errors(fn):
@@ -102,6 +138,14 @@ def _busy_threads() -> bool:
     mid-file loses nothing: a rerun downloads what was not finished."""
     main = threading.main_thread()
     return any(t is not main and t.is_alive() and not t.daemon for t in threading.enumerate())
+
+
+def existing(results: list[Path] | None) -> list[Path] | None:
+    """``--results`` paths, each of which must exist (None: the published results)."""
+    for path in results or []:
+        if not path.exists():
+            raise SpecdecError(f"--results {path} does not exist: give folders written by lm_eval --output_path")
+    return list(results) if results else None
 
 
 def parse_positive_ints(text: str, option: str = "--gamma") -> list[int]:

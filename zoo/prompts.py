@@ -34,8 +34,8 @@ def load_prompts(task: str | None, prompts_file: Path | None, limit: int) -> lis
     return prompts[:limit]
 
 
-def check_options(gamma: int, repeats: int, max_new_tokens: int) -> None:
-    """One-line errors for counts below 1."""
-    for name, value in (("--gamma", gamma), ("--repeats", repeats), ("--max-new-tokens", max_new_tokens)):
+def check_positive(**counts: int) -> None:
+    """A one-line error for the first count below 1, named as its option (``max_new_tokens`` -> ``--max-new-tokens``)."""
+    for name, value in counts.items():
         if value < 1:
-            raise SpecdecError(f"{name} {value} must be >= 1")
+            raise SpecdecError(f"--{name.replace('_', '-')} {value} must be >= 1")

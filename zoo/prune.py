@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -178,11 +179,27 @@ def resolve_keep(model, tokenizer, layers: int | None, keep: str | None, select:
     return select_layers(model, tokenizer, layers, select, texts)
 
 
-def make_draft(model: str, out: Path, layers: int | None, keep: str | None, select: str, calibration: str | None,
-               distill_tokens: int, on_policy: bool, vocab_top: int | None, settings: LoadSettings = LoadSettings(),
+@dataclass(frozen=True)
+class Pruning:
+    """Which layers a pruned draft keeps (``layers`` chosen by ``select``, or exactly ``keep``), the text it is
+    calibrated and distilled on, how many tokens of distillation (0: none; ``on_policy``: on the source's own
+    text) and its reduced output head (``vocab_top`` most frequent tokens; None: the whole vocabulary)."""
+
+    layers: int | None = None
+    keep: str | None = None
+    select: str = "first"
+    calibration: str | None = None
+    distill_tokens: int = 0
+    on_policy: bool = False
+    vocab_top: int | None = None
+
+
+def make_draft(model: str, out: Path, pruning: Pruning, settings: LoadSettings = LoadSettings(),
                tick: Tick = no_progress) -> dict:
     """``zoo prune``: load ``model`` (with ``settings``: distillation runs on its device), keep its chosen layers,
     optionally distil and give a reduced head, save the draft at ``out`` atomically; return what was built."""
+    layers, keep, select, calibration = pruning.layers, pruning.keep, pruning.select, pruning.calibration
+    distill_tokens, on_policy, vocab_top = pruning.distill_tokens, pruning.on_policy, pruning.vocab_top
     check_out(out)
     if distill_tokens < 0:
         raise SpecdecError(f"--distill-tokens {distill_tokens} must be >= 0")

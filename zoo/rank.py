@@ -7,7 +7,8 @@ per-position counts, :meth:`GenerationStats.tar_at`), or measured on N prompts o
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from specdraft_eval.measure.analytical import predicted_tokens_per_second
 from specdraft_eval.measure.record import ResultsFile
@@ -79,17 +80,67 @@ def missing_tar_hint(target: str, task: str, draft: str) -> str:
             f"draft={draft}` on {task}")
 
 
-def table_rows(rows: list[dict]) -> list[dict]:
-    """Ranked rows as the text table shows them (every γ's prediction on one line)."""
-    keys = ["draft", "best_gamma", "predicted_tokens_per_second", "measured_tokens_per_second", "speedup", "tar",
-            "tar_source", "draft_ms_per_token", "kv_bytes_per_token", "latency_source"]
-    return [{**{k: r[k] for k in keys[:3]},
-             "tokens/s by γ": "  ".join(f"{g}: {tps:.3g}" for g, tps in r["predicted_by_gamma"].items()) or None,
-             **{k: r[k] for k in keys[3:]}} for r in rows]
+@dataclass(frozen=True)
+class RankOptions:
+    """What ``zoo rank`` ranks and how: the GPU (``this``: measure here), the task whose TAR counts, prompts to
+    measure TAR on (0: results only), the drafts (None: the defaults), γ values (None: what the results give),
+    results folders (None: the published ones), tokens per measured request, the named GPU's runtime and the
+    context at which KV-cache reads are counted."""
+
+    gpu: str = "this"
+    task: str = DEFAULT_TASK
+    measure: int = 0
+    drafts: list[str] | None = None
+    gammas: list[int] | None = None
+    results: list[Path] | None = None
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    runtime: str = "eager"
+    context: int = 128
+
+
+@dataclass(frozen=True)
+class RankRow:
+    """One draft's prediction at its best γ (and at every γ), with the sources of its inputs."""
+
+    draft: str
+    best_gamma: int | None
+    predicted_tokens_per_second: float | None
+    predicted_by_gamma: dict[int, float]
+    speedup: float | None
+    tar: float | None
+    tar_source: str
+    measured_tokens_per_second: float | None
+    draft_ms_per_token: float
+    parameters_m: float | None
+    kv_bytes_per_token: int
+    latency_source: str
+
+
+@dataclass(frozen=True)
+class RankResult:
+    """The ranking: the target's autoregressive latency, how far the latency model is from what was measured on
+    that GPU (None where nothing was, or for this machine's own profile), and the rows, best first."""
+
+    target_ms_per_token: float
+    latency_model_error: str | None
+    rows: list[RankRow]
+
+    def to_json(self) -> dict:
+        return {"target_ms_per_token": self.target_ms_per_token, "latency_model_error": self.latency_model_error,
+                "rows": [asdict(row) for row in self.rows]}
+
+
+def table_rows(result: RankResult) -> list[dict]:
+    """Ranked rows as the CLI's text table shows them (every γ's prediction on one line)."""
+    return [{"draft": r.draft, "best_gamma": r.best_gamma, "predicted_tokens_per_second": r.predicted_tokens_per_second,
+             "tokens/s by γ": "  ".join(f"{g}: {tps:.3g}" for g, tps in r.predicted_by_gamma.items()) or None,
+             "measured_tokens_per_second": r.measured_tokens_per_second, "speedup": r.speedup, "tar": r.tar,
+             "tar_source": r.tar_source, "draft_ms_per_token": r.draft_ms_per_token,
+             "kv_bytes_per_token": r.kv_bytes_per_token, "latency_source": r.latency_source} for r in result.rows]
 
 
 def rank(candidates: list[Candidate], t_target_ms: float, t_verify_ms: dict[int, float],
-         gammas: list[int] | None = None) -> list[dict]:
+         gammas: list[int] | None = None, latency_model_error: str | None = None) -> RankResult:
     """Rows sorted by predicted tokens/s at each draft's best γ (drafts without TAR last).
 
     Every γ with a TAR (restricted to ``gammas`` when given) and a verification time is predicted.
@@ -102,22 +153,9 @@ def rank(candidates: list[Candidate], t_target_ms: float, t_verify_ms: dict[int,
             if gamma in t_verify_ms and (gammas is None or gamma in gammas)
         }
         best = max(predicted, key=predicted.get) if predicted else None
-        rows.append(
-            {
-                "draft": c.draft,
-                "best_gamma": best,
-                "predicted_tokens_per_second": predicted[best] if best else None,
-                "predicted_by_gamma": predicted,
-                "speedup": predicted[best] * t_target_ms / 1000 if best else None,
-                "tar": c.tar.get(best) if best else None,
-                "tar_source": c.tar_source[best] if best else c.missing,
-                "measured_tokens_per_second": c.measured_tps.get(best) if best else None,
-                "draft_ms_per_token": c.t_draft_ms,
-                "target_ms_per_token": t_target_ms,
-                "parameters_m": c.parameters_m,
-                "kv_bytes_per_token": c.kv_bytes_per_token,
-                "latency_source": c.draft_source,
-            }
-        )
-    rows.sort(key=lambda r: -(r["predicted_tokens_per_second"] or -1))
-    return rows
+        rows.append(RankRow(c.draft, best, predicted[best] if best else None, predicted,
+                            predicted[best] * t_target_ms / 1000 if best else None, c.tar.get(best) if best else None,
+                            c.tar_source[best] if best else c.missing, c.measured_tps.get(best) if best else None,
+                            c.t_draft_ms, c.parameters_m, c.kv_bytes_per_token, c.draft_source))
+    rows.sort(key=lambda r: -(r.predicted_tokens_per_second or -1))
+    return RankResult(t_target_ms, latency_model_error, rows)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import warnings
-from pathlib import Path
 
 from specdraft_eval import published
 from specdraft_eval.errors import SpecdecError
@@ -16,10 +15,10 @@ from specdraft_eval.models.targets import ALIASES, LoadSettings, Target
 from zoo import catalog, latency_model, shapes
 from zoo.loading import load_drafts
 from zoo.rank import (
-    DEFAULT_MAX_NEW_TOKENS,
-    DEFAULT_TASK,
     MEASURE_GAMMAS,
     Candidate,
+    RankOptions,
+    RankResult,
     measure,
     missing_tar_hint,
     rank,
@@ -44,26 +43,26 @@ def default_drafts(target_name: str, depth: int) -> list[str]:
     return names
 
 
-def run_rank(target_name: str, gpu: str = "this", task: str = DEFAULT_TASK, n_measure: int = 0,
-             drafts: list[str] | None = None, gammas: list[int] | None = None,
-             results: list[Path] | None = None, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-             runtime: str = "eager", settings: LoadSettings = LoadSettings(kernels="onednn"),
-             context: int = 128) -> list[dict]:
-    """Rank ``drafts`` (default: the defaults plus every draft with results for this target) for ``gpu``.
+def run_rank(target_name: str, options: RankOptions = RankOptions(),
+             settings: LoadSettings = LoadSettings(kernels="onednn")) -> RankResult:
+    """Rank ``options.drafts`` (default: the defaults plus every draft with results for this target) for
+    ``options.gpu``.
 
     ``gpu`` "this" loads the models with ``settings`` and times them on its device (the profile of that device);
     a named GPU ranks from shapes alone (the catalog or config.json files) with the latency model of
     :mod:`zoo.latency_model`, KV-cache reads counted at ``context`` tokens, so no weights are needed unless
-    ``n_measure`` asks to measure TAR. ``gammas`` None ranks every γ results give a TAR for (up to the largest γ
+    ``measure`` asks to measure TAR. ``gammas`` None ranks every γ results give a TAR for (up to the largest γ
     run), or 1, 2, 4, 8.
     """
+    gpu, task, n_measure, drafts, gammas = options.gpu, options.task, options.measure, options.drafts, options.gammas
+    results, max_new_tokens, runtime, context = options.results, options.max_new_tokens, options.runtime, options.context
     if n_measure < 0 or context < 0:
         raise SpecdecError(f"--measure {n_measure} and --context {context} must be >= 0")
     accelerator = None if gpu == "this" else latency_model.accelerator(gpu, read_calibration(gpu))
     files = scan_results(results if results is not None else [published.results()])
     records = {f.record.draft: f.record for f in files if f.record.target == target_name}
     if accelerator is None:
-        return _rank_here(target_name, task, n_measure, drafts, gammas, files, records, max_new_tokens, settings)
+        return _rank_here(target_name, options, files, records, settings)
     target = shapes.model_shape(target_name)
     names = drafts or ["prompt-lookup", f"layers:0-{min(5, target.shape.layers) - 1}", *sorted(records)]
     resolved = {}
@@ -86,11 +85,7 @@ def run_rank(target_name: str, gpu: str = "this", task: str = DEFAULT_TASK, n_me
     wanted = gammas or sorted({g for c in candidates for g in c.tar}) or list(MEASURE_GAMMAS)
     t_target = latency_model.forward_seconds(target.shape, 1, accelerator, runtime, context) * 1000
     t_verify = {g: latency_model.forward_seconds(target.shape, g + 1, accelerator, runtime, context) * 1000 for g in wanted}
-    rows = rank(candidates, t_target, t_verify, gammas)
-    error = latency_model.model_error(accelerator.name, runtime)
-    for row in rows:  # how far the latency model is from what was measured on that GPU, where anything was
-        row["latency_model_error"] = error
-    return rows
+    return rank(candidates, t_target, t_verify, gammas, latency_model.model_error(accelerator.name, runtime))
 
 
 def _measure_tar(target: Target, task: str, n: int, candidates: list[Candidate], gammas: list[int],
@@ -105,9 +100,11 @@ def _measure_tar(target: Target, task: str, n: int, candidates: list[Candidate],
         c.measured_tps = {g: s.tokens_per_second for g, s in measured.items()}
 
 
-def _rank_here(target_name: str, task: str, n_measure: int, drafts: list[str] | None, gammas: list[int] | None,
-               files: list, records: dict, max_new_tokens: int, settings: LoadSettings) -> list[dict]:
+def _rank_here(target_name: str, options: RankOptions, files: list, records: dict,
+               settings: LoadSettings) -> RankResult:
     """``--gpu this``: load the models and take latencies from this machine's profile."""
+    task, n_measure, drafts, gammas = options.task, options.measure, options.drafts, options.gammas
+    max_new_tokens = options.max_new_tokens
     target = settings.load(target_name)
     names = drafts or default_drafts(target_name, target.model.config.num_hidden_layers) + sorted(records)
     drafters = {}

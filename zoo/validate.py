@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from specdraft_eval.drafts.composite import CompositeDrafter
 from specdraft_eval.engine.loop import speculative_generate
-from specdraft_eval.errors import SpecdecError
 from specdraft_eval.files import atomic_write, write_json
 from specdraft_eval.measure.analytical import Latencies, predicted_from_latencies
 from specdraft_eval.measure.environment import hardware
@@ -27,16 +26,68 @@ from specdraft_eval.measure.stats import GenerationStats
 from specdraft_eval.models.targets import LoadSettings
 from zoo.plotting import png_bytes
 from zoo.progress import Tick, no_progress
+from zoo.prompts import check_positive
 from zoo.timing import context_tokens, engine_latency
 
 BUCKETS = 3
 TASKS = ("specdec_humaneval", "specdec_mmlu_cot")
 
 
-def check_options(n_prompts: int, repeats: int, max_new_tokens: int) -> None:
-    for name, value in (("--prompts", n_prompts), ("--repeats", repeats), ("--max-new-tokens", max_new_tokens)):
-        if value < 1:
-            raise SpecdecError(f"{name} {value} must be >= 1")
+@dataclass(frozen=True)
+class ValidationRow:
+    """One (task, draft, γ, dynamic γ): predicted against measured tokens/s, medians over repeats with min and max,
+    the signed deviation, TAR and the loop's share of decode time."""
+
+    task: str
+    draft: str
+    gamma: int
+    dynamic_gamma: bool
+    predicted_tokens_per_second: float
+    measured_tokens_per_second: float
+    deviation: float
+    predicted_min: float
+    predicted_max: float
+    measured_min: float
+    measured_max: float
+    tar: float | None
+    loop_overhead: float | None
+
+
+@dataclass(frozen=True)
+class Validation:
+    """A ``zoo validate`` run: its rows and the deviations' distribution (``validation.json`` at the edge)."""
+
+    target: str
+    hardware: str
+    tasks: list[str]
+    prompts: dict[str, int]
+    max_new_tokens: int
+    repeats: int
+    profile_contexts: list[int]
+    rows: list[ValidationRow]
+
+    @property
+    def deviations(self) -> list[float]:
+        return sorted(abs(r.deviation) for r in self.rows)
+
+    @property
+    def median_abs_deviation(self) -> float:
+        return statistics.median(self.deviations)
+
+    @property
+    def max_abs_deviation(self) -> float:
+        return self.deviations[-1]
+
+    @property
+    def p90_abs_deviation(self) -> float:
+        deviations = self.deviations
+        return deviations[min(len(deviations) - 1, int(0.9 * len(deviations)))]
+
+    def to_json(self) -> dict:
+        deviations = self.deviations
+        return {**asdict(self), "median_abs_deviation": self.median_abs_deviation,
+                "max_abs_deviation": self.max_abs_deviation, "p90_abs_deviation": self.p90_abs_deviation,
+                "within_5_percent": sum(d <= 0.05 for d in deviations) / len(deviations)}
 
 
 def deviation(predicted: float, measured: float) -> float:
@@ -93,7 +144,7 @@ def _request(target, drafter, ids: list[int], max_new_tokens: int, gamma: int,
 
 def validate(target, target_name: str, drafters: list, prompts: dict[str, list[list[int]]], gammas: list[int],
              repeats: int, max_new_tokens: int, dynamic: bool = False,
-             on_run: Callable[[], None] = lambda: None) -> dict:
+             on_run: Callable[[], None] = lambda: None) -> Validation:
     """Profile each context bucket, then measure every (task, draft, γ, dynamic γ) ``repeats`` times over the task's
     ``prompts``; rows of predicted against measured tokens/s (medians over repeats, with min and max) and their
     deviation, and the deviations' distribution."""
@@ -126,23 +177,13 @@ def validate(target, target_name: str, drafters: list, prompts: dict[str, list[l
         measured = [t.tokens_per_second for t in totals]
         summary = sum(totals, GenerationStats())
         p, m = statistics.median(predicted), statistics.median(measured)
-        rows.append({
-            "task": task, "draft": drafter.name, "gamma": gamma, "dynamic_gamma": dynamic_gamma,
-            "predicted_tokens_per_second": p, "measured_tokens_per_second": m, "deviation": deviation(p, m),
-            "predicted_min": min(predicted), "predicted_max": max(predicted),
-            "measured_min": min(measured), "measured_max": max(measured),
-            "tar": summary.tar, "loop_overhead": summary.loop_overhead,
-        })
-    deviations = sorted(abs(r["deviation"]) for r in rows)
-    return {"target": target_name, "hardware": hardware(target.device), "tasks": list(prompts),
-            "prompts": {task: len(p) for task, p in prompts.items()}, "max_new_tokens": max_new_tokens,
-            "repeats": repeats, "profile_contexts": sorted(profiles),
-            "median_abs_deviation": statistics.median(deviations), "max_abs_deviation": deviations[-1],
-            "p90_abs_deviation": deviations[min(len(deviations) - 1, int(0.9 * len(deviations)))],
-            "within_5_percent": sum(d <= 0.05 for d in deviations) / len(deviations), "rows": rows}
+        rows.append(ValidationRow(task, drafter.name, gamma, dynamic_gamma, p, m, deviation(p, m), min(predicted),
+                                  max(predicted), min(measured), max(measured), summary.tar, summary.loop_overhead))
+    return Validation(target_name, hardware(target.device), list(prompts),
+                      {task: len(p) for task, p in prompts.items()}, max_new_tokens, repeats, sorted(profiles), rows)
 
 
-def plot(result: dict, path: Path) -> None:
+def plot(result: Validation, path: Path) -> None:
     """Predicted against measured tokens/s with min–max bars over repeats (the paper's Figure 12)."""
     import matplotlib
 
@@ -150,19 +191,19 @@ def plot(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 5), dpi=100)
-    rows = result["rows"]
-    for draft in sorted({r["draft"] for r in rows}):
-        mine = [r for r in rows if r["draft"] == draft]
-        ax.errorbar([r["measured_tokens_per_second"] for r in mine], [r["predicted_tokens_per_second"] for r in mine],
-                    xerr=[[r["measured_tokens_per_second"] - r["measured_min"] for r in mine],
-                          [r["measured_max"] - r["measured_tokens_per_second"] for r in mine]],
-                    yerr=[[r["predicted_tokens_per_second"] - r["predicted_min"] for r in mine],
-                          [r["predicted_max"] - r["predicted_tokens_per_second"] for r in mine]],
+    rows = result.rows
+    for draft in sorted({r.draft for r in rows}):
+        mine = [r for r in rows if r.draft == draft]
+        ax.errorbar([r.measured_tokens_per_second for r in mine], [r.predicted_tokens_per_second for r in mine],
+                    xerr=[[r.measured_tokens_per_second - r.measured_min for r in mine],
+                          [r.measured_max - r.measured_tokens_per_second for r in mine]],
+                    yerr=[[r.predicted_tokens_per_second - r.predicted_min for r in mine],
+                          [r.predicted_max - r.predicted_tokens_per_second for r in mine]],
                     fmt="o", capsize=3, label=draft)
         for r in mine:
-            ax.annotate(f"γ={r['gamma']}", (r["measured_tokens_per_second"], r["predicted_tokens_per_second"]),
+            ax.annotate(f"γ={r.gamma}", (r.measured_tokens_per_second, r.predicted_tokens_per_second),
                         fontsize=6, xytext=(3, 3), textcoords="offset points")
-    values = [v for r in rows for v in (r["measured_min"], r["measured_max"], r["predicted_min"], r["predicted_max"])]
+    values = [v for r in rows for v in (r.measured_min, r.measured_max, r.predicted_min, r.predicted_max)]
     low, high = min(values) * 0.9, max(values) * 1.1
     ax.plot([low, high], [low, high], "k-", lw=0.8, label="predicted = measured")
     ax.fill_between([low, high], [low * 0.95, high * 0.95], [low * 1.05, high * 1.05], color="0.9", label="±5%")
@@ -170,8 +211,8 @@ def plot(result: dict, path: Path) -> None:
     ax.set_ylim(low, high)
     ax.set_xlabel("measured tokens/s")
     ax.set_ylabel("predicted tokens/s (profile latencies, measured TAR)")
-    ax.set_title(f"{result['target']}: median |dev| {result['median_abs_deviation']:.1%}, "
-                 f"max {result['max_abs_deviation']:.1%}", fontsize=9)
+    ax.set_title(f"{result.target}: median |dev| {result.median_abs_deviation:.1%}, "
+                 f"max {result.max_abs_deviation:.1%}", fontsize=9)
     ax.legend(fontsize=7)
     atomic_write(path, png_bytes(fig))
 
@@ -190,13 +231,13 @@ def configurations(tasks: list[str] | None, drafts: list[str] | None, gammas: li
 
 def run(target_name: str, drafts: list[str], tasks: list[str], n_prompts: int, gammas: list[int], repeats: int,
         max_new_tokens: int, plot_path: Path, settings: LoadSettings, dynamic: bool = False,
-        tick: Tick = no_progress) -> dict:
+        tick: Tick = no_progress) -> Validation:
     """``zoo validate``: load the target and drafts with ``settings``, :func:`validate` on each task's first
     ``n_prompts`` prompts, write the plot at ``plot_path`` and the figures beside it (``.json``); return them."""
     from specdraft_eval.integration.offline_data import task_prompts
     from zoo.loading import load_run
 
-    check_options(n_prompts, repeats, max_new_tokens)
+    check_positive(prompts=n_prompts, repeats=repeats, max_new_tokens=max_new_tokens)
     texts = {task: task_prompts(task)[:n_prompts] for task in tasks}
     target, drafters = load_run(target_name, drafts, settings)
     model, tokenizer = target.model, target.tokenizer
@@ -206,14 +247,14 @@ def run(target_name: str, drafts: list[str], tasks: list[str], n_prompts: int, g
     tick(0, total=BUCKETS + repeats * runs)
     result = validate(model, target_name, drafters, ids, gammas, repeats, max_new_tokens, dynamic, on_run=tick)
     plot(result, plot_path)
-    write_json(plot_path.with_suffix(".json"), result)
+    write_json(plot_path.with_suffix(".json"), result.to_json())
     return result
 
 
-def table_rows(result: dict) -> list[dict]:
-    """The rows as a text table shows them."""
-    return [{"task": r["task"], "draft": r["draft"], "γ": r["gamma"] if not r["dynamic_gamma"] else f"{r['gamma']} dyn",
-             "predicted tok/s": r["predicted_tokens_per_second"], "measured tok/s": r["measured_tokens_per_second"],
-             "measured min–max": f"{r['measured_min']:.3g}–{r['measured_max']:.3g}",
-             "deviation": f"{r['deviation']:+.1%}", "TAR": r["tar"], "loop overhead": f"{r['loop_overhead']:.1%}"}
-            for r in result["rows"]]
+def table_rows(result: Validation) -> list[dict]:
+    """The rows as the CLI's text table shows them."""
+    return [{"task": r.task, "draft": r.draft, "γ": r.gamma if not r.dynamic_gamma else f"{r.gamma} dyn",
+             "predicted tok/s": r.predicted_tokens_per_second, "measured tok/s": r.measured_tokens_per_second,
+             "measured min–max": f"{r.measured_min:.3g}–{r.measured_max:.3g}",
+             "deviation": f"{r.deviation:+.1%}", "TAR": r.tar, "loop overhead": f"{r.loop_overhead:.1%}"}
+            for r in result.rows]

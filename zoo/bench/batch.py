@@ -26,6 +26,7 @@ from specdraft_eval.measure.stats import GenerationStats
 from specdraft_eval.measure.timers import peak_memory_mb
 from specdraft_eval.models.kernels import distinct_weight_bytes
 from specdraft_eval.models.targets import LoadSettings
+from zoo.bench.result import BenchPlan
 from zoo.progress import Tick, no_progress
 
 SCHEMA_VERSION = 2  # 2: spreads carry n, the task
@@ -75,10 +76,11 @@ def _batches(prompts: list[list[int]], size: int) -> list[list[list[int]]]:
     return [prompts[i:i + size] for i in range(0, len(prompts), size)]
 
 
-def run_batch_study(target, tokenizer, drafters: list, prompts: list[str], batch_sizes: list[int], gamma: int,
-                    repeats: int, max_new_tokens: int, on_run: Callable[[], None] = lambda: None) -> BatchStudy:
+def run_batch_study(target, tokenizer, drafters: list, prompts: list[str], batch_sizes: list[int], plan: BenchPlan,
+                    on_run: Callable[[], None] = lambda: None) -> BatchStudy:
     """Run the study (see the module docstring); raise :class:`SpecdecError` naming a prompt whose output
     differs from plain decoding."""
+    gamma, repeats, max_new_tokens = plan.gamma, plan.repeats, plan.max_new_tokens
     ids = [tokenizer(p).input_ids[-512:] for p in prompts]  # long few-shot prompts: keep prefill comparable
     autoregressive_generate_batch(target, [ids[0]], min(8, max_new_tokens))  # warm-up
     expected = [autoregressive_generate_batch(target, [row], max_new_tokens)[0][0] for row in ids]
@@ -133,12 +135,11 @@ def table_rows(result: BatchStudy) -> list[dict]:
              "plain peak MB": round(r.plain_peak_mb)} for r in result.rows]
 
 
-def study(target_name: str, drafts: list[str], prompts: list[str], batch_sizes: list[int], gamma: int, repeats: int,
-          max_new_tokens: int, settings: LoadSettings, tick: Tick = no_progress) -> BatchStudy:
+def study(target_name: str, drafts: list[str], prompts: list[str], plan: BenchPlan, settings: LoadSettings,
+          batch_sizes: list[int], tick: Tick = no_progress) -> BatchStudy:
     """``zoo bench --batch-size``: load the target and drafts with ``settings`` and :func:`run_batch_study`."""
     from zoo.loading import load_run
 
     target, drafters = load_run(target_name, drafts, settings)
-    tick(0, total=sum(-(-len(prompts) // size) for size in batch_sizes) * repeats * len(drafters))
-    return run_batch_study(target.model, target.tokenizer, drafters, prompts, batch_sizes, gamma, repeats, max_new_tokens,
-                           on_run=tick)
+    tick(0, total=sum(-(-len(prompts) // size) for size in batch_sizes) * plan.repeats * len(drafters))
+    return run_batch_study(target.model, target.tokenizer, drafters, prompts, batch_sizes, plan, on_run=tick)

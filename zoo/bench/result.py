@@ -17,6 +17,16 @@ AUTOREGRESSIVE, ASSISTED, OURS, OURS_DYNAMIC, OURS_PLAIN = (
 
 
 @dataclass(frozen=True)
+class BenchPlan:
+    """How ``zoo bench`` times each configuration: γ, repeats, tokens per generation, compiled steps."""
+
+    gamma: int
+    repeats: int
+    max_new_tokens: int
+    compile: bool = False
+
+
+@dataclass(frozen=True)
 class StepFigures:
     """Per-step figures of a configuration: TAR, draft ms per drafted token, verification ms per step, mean γ."""
 

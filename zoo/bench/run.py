@@ -38,6 +38,7 @@ from zoo.bench.result import (
     OURS,
     OURS_DYNAMIC,
     OURS_PLAIN,
+    BenchPlan,
     BenchResult,
     BenchRow,
     StepFigures,
@@ -45,7 +46,7 @@ from zoo.bench.result import (
     near_tie,
 )
 from zoo.progress import Tick, no_progress
-from zoo.prompts import check_options
+from zoo.prompts import check_positive
 
 
 @dataclass
@@ -184,13 +185,12 @@ class Bench:
             timer.close()
 
 
-def run_bench(target, target_name: str, tokenizer, drafters: list, prompts: list[str], gamma: int, repeats: int,
-              max_new_tokens: int, on_run: Callable[[], None] = lambda: None, plain: tuple | None = None,
-              compile: bool = False) -> BenchResult:
-    """Warm up, run every configuration (:func:`configurations`) ``repeats`` times on every prompt
-    (interleaved), measure peak memory in one extra run each, and return the summary (see :func:`summarise`).
-    Raises :class:`SpecdecError` naming the prompt where an output differs from the autoregressive one."""
-    check_options(gamma, repeats, max_new_tokens)
+def run_bench(target, target_name: str, tokenizer, drafters: list, prompts: list[str], plan: BenchPlan,
+              on_run: Callable[[], None] = lambda: None, plain: tuple | None = None) -> BenchResult:
+    """Warm up, run every configuration (:func:`configurations`) ``plan.repeats`` times on every prompt
+    (interleaved), measure peak memory in one extra run each, and return the summary (see :func:`summarise`)."""
+    gamma, repeats, max_new_tokens, compile = plan.gamma, plan.repeats, plan.max_new_tokens, plan.compile
+    check_positive(gamma=gamma, repeats=repeats, max_new_tokens=max_new_tokens)
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()  # assisted generation warns about its own defaults on every call
@@ -278,22 +278,21 @@ def _step_figures(config: Config, flat: list[Run], target_s: float, draft_s: flo
                        drafted / stats.steps if stats.steps else None)
 
 
-def bench(target_name: str, drafts: list[str], prompts: list[str], gamma: int, repeats: int, max_new_tokens: int,
-          settings: LoadSettings, compile: bool = False, tick: Tick = no_progress) -> BenchResult:
+def bench(target_name: str, drafts: list[str], prompts: list[str], plan: BenchPlan, settings: LoadSettings,
+          tick: Tick = no_progress) -> BenchResult:
     """``zoo bench``: load the target with ``settings`` (and, where ours runs other kernels, a plain copy for
     transformers as users run it), time every configuration (:func:`run_bench`) and refuse a result whose tokens
     differ beyond reduced precision's near-ties (:func:`check_lossless`)."""
     from zoo.loading import load_run
 
-    check_options(gamma, repeats, max_new_tokens)
+    check_positive(gamma=plan.gamma, repeats=plan.repeats, max_new_tokens=plan.max_new_tokens)
     target, drafters = load_run(target_name, drafts, settings)
     model, tokenizer = target.model, target.tokenizer
     plain = None
     if settings.kernels != "plain":  # transformers as users run it, too
         plain_target, plain_drafters = load_run(target_name, drafts, replace(settings, kernels="plain"))
         plain = plain_target.model, plain_drafters
-    tick(0, total=repeats * len(prompts) * len(configurations(model, drafters, gamma, plain)))
-    result = run_bench(model, target_name, tokenizer, drafters, prompts, gamma, repeats, max_new_tokens,
-                       on_run=tick, plain=plain, compile=compile)
+    tick(0, total=plan.repeats * len(prompts) * len(configurations(model, drafters, plan.gamma, plain)))
+    result = run_bench(model, target_name, tokenizer, drafters, prompts, plan, on_run=tick, plain=plain)
     result.lossless = check_lossless(result, prompts)
     return result
