@@ -18,6 +18,7 @@ import copy
 import json
 import sys
 import time
+from dataclasses import replace
 from itertools import zip_longest
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from specdraft_eval.drafts import load_draft
 from specdraft_eval.engine.loop import divergence, speculative_generate
 from specdraft_eval.files import write_json
 from specdraft_eval.integration.offline_data import task_prompts
+from specdraft_eval.measure.stats import Divergence
 from specdraft_eval.models import kernels
 from specdraft_eval.models.targets import Target, load_target
 
@@ -88,7 +90,8 @@ def main() -> None:
             if got == expected:
                 entry["identical"] += 1
             else:
-                entry["mismatches"].append({"task": task, **(divergence(target, ids, got, expected) or {})})
+                where = divergence(target, ids, got, expected) or Divergence()
+                entry["mismatches"].append(replace(where, task=task).to_json())
         report["seconds"] = round(time.perf_counter() - start, 1)
         if args.out and report["prompts"] % 10 == 0:  # figures so far, should the run be stopped
             write_json(args.out, report)

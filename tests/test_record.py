@@ -4,6 +4,7 @@ TAR estimates at smaller γ, atomic writes, and the one-line messages for unusab
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -100,19 +101,21 @@ def test_a_baseline_mismatch_is_described_where_it_happened(target):
     runner_up = int(logits.topk(2).indices[1])
     specdec = baseline[:4] + [runner_up] + baseline[5:]
     where = divergence(target, prompt, specdec, baseline)
-    assert where["index"] == 4 and where["specdec_token"] == runner_up and where["baseline_token"] == baseline[4]
-    assert where["logit_margin"] == pytest.approx(float(logits[baseline[4]] - logits[runner_up]), abs=1e-4)
-    assert where["logit_margin"] > 0  # the baseline's greedy token is the argmax
+    assert where.index == 4 and where.specdec_token == runner_up and where.baseline_token == baseline[4]
+    assert where.logit_margin == pytest.approx(float(logits[baseline[4]] - logits[runner_up]), abs=1e-4)
+    assert where.logit_margin > 0  # the baseline's greedy token is the argmax
     assert divergence(target, prompt, baseline + [3], baseline) is None  # ran past the end only: no divergence
     per_task = {"a": GenerationStats(baseline_mismatches=1), "b": GenerationStats()}
-    record = SpecdecRecord.new("t", "d", 4, False, "cpu", per_task, baseline_mismatch_details=[{"task": "a", **where}])
+    where = replace(where, task="a")
+    record = SpecdecRecord.new("t", "d", 4, False, "cpu", per_task, baseline_mismatch_details=[where])
     block = json.loads(json.dumps(record.to_block()))
-    assert block["baseline_mismatch_details"] == [{"task": "a", **where}]
+    assert block["baseline_mismatch_details"] == [{"task": "a", "index": 4, "specdec_token": runner_up,
+                                                   "baseline_token": baseline[4], "logit_margin": where.logit_margin}]
     assert block["baseline_mismatches"] == 1
     assert {t: f["baseline_mismatches"] for t, f in block["per_task"].items()} == {"a": 1, "b": 0}  # counted per task
     again = SpecdecRecord.from_block(block)
     merged = again.merge(again)
-    assert merged.baseline_mismatch_details == [{"task": "a", **where}] * 2
+    assert merged.baseline_mismatch_details == [where] * 2
     assert merged.baseline_mismatches == 2 and merged.per_task["a"].baseline_mismatches == 2
 
 

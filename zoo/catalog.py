@@ -3,12 +3,34 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 
 from specdraft_eval.errors import SpecdecError
 
 CATALOG = Path(__file__).with_name("catalog.json")
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    """A known draft or target: its name, hub id, family (the tokenizer it shares), shape and provenance."""
+
+    name: str
+    hub_id: str
+    family: str
+    layers: int
+    hidden_size: int
+    heads: int
+    kv_heads: int
+    parameters_m: float
+    source: str
+    intermediate_size: int | None = None  # targets only: their MLP width
+    licence: str | None = None  # drafts only
+
+    @classmethod
+    def of(cls, family: str, data: dict) -> CatalogEntry:
+        return cls(family=family, **data)
 
 
 @lru_cache(maxsize=1)
@@ -25,7 +47,7 @@ def family_of(target: str) -> str | None:
     return None
 
 
-def entries(target: str | None = None) -> list[dict]:
+def entries(target: str | None = None) -> list[CatalogEntry]:
     """Catalog drafts (with their family), only those for ``target``'s family when given."""
     families = load()["families"]
     if target is not None:
@@ -34,19 +56,19 @@ def entries(target: str | None = None) -> list[dict]:
             known = ", ".join(sorted(families))
             raise SpecdecError(f"no catalog family matches target {target!r}: known families are {known}")
         families = {family: families[family]}
-    return [{"family": name, **draft} for name, entry in families.items() for draft in entry["drafts"]]
+    return [CatalogEntry.of(name, draft) for name, entry in families.items() for draft in entry["drafts"]]
 
 
-def targets() -> list[dict]:
+def targets() -> list[CatalogEntry]:
     """Catalog targets (the founding paper's), with their family."""
-    return [{"family": name, **t} for name, entry in load()["families"].items() for t in entry.get("targets", [])]
+    return [CatalogEntry.of(name, t) for name, entry in load()["families"].items() for t in entry.get("targets", [])]
 
 
-def find(name: str) -> dict | None:
+def find(name: str) -> CatalogEntry | None:
     """The catalog draft or target named ``name`` or with hub id ``name`` (case-insensitive)."""
     lowered = name.lower()
     for entry in entries() + targets():
-        if lowered in (entry["name"].lower(), entry["hub_id"].lower()):
+        if lowered in (entry.name.lower(), entry.hub_id.lower()):
             return entry
     return None
 
@@ -57,6 +79,6 @@ def vocab_size(family: str) -> int:
 
 def listing(target: str | None) -> dict:
     """``zoo list``: catalog drafts (for ``target``'s family, if given) and the training-free kinds."""
-    return {"drafts": entries(target),
+    return {"drafts": [asdict(entry) for entry in entries(target)],
             "training_free": [{"name": d["name"], "family": "any", "source": d["source"]}
                               for d in load()["training_free"]]}

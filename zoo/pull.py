@@ -56,7 +56,7 @@ def pull(name: str, revision: str | None = None, target: str | None = None) -> d
     )
 
     entry = catalog.find(name)
-    repo_id = entry["hub_id"] if entry else name
+    repo_id = entry.hub_id if entry else name
     if "/" not in repo_id:
         raise SpecdecError(f"unknown draft {name!r}: give a catalog name (`zoo list`) or a hub id such as org/name")
     before = _partial_files(repo_id)

@@ -36,10 +36,10 @@ def default_drafts(target_name: str, depth: int) -> list[str]:
 
     names = ["prompt-lookup", f"layers:0-{min(5, depth) - 1}"]
     for entry in catalog.entries(target_name) if catalog.family_of(target_name) else []:
-        if entry["name"] == target_name:
+        if entry.name == target_name:
             continue
-        if entry["name"] in ALIASES or isinstance(try_to_load_from_cache(entry["hub_id"], "config.json"), str):
-            names.append(entry["name"] if entry["name"] in ALIASES else entry["hub_id"])
+        if entry.name in ALIASES or isinstance(try_to_load_from_cache(entry.hub_id, "config.json"), str):
+            names.append(entry.name if entry.name in ALIASES else entry.hub_id)
     return names
 
 

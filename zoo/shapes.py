@@ -43,11 +43,11 @@ def model_shape(name: str) -> Resolved:
     """The shape of a target or draft model named by catalog name, hub id or config path."""
     entry = catalog.find(name)
     if entry is not None:
-        vocab = catalog.vocab_size(entry["family"])
-        config = {"num_hidden_layers": entry["layers"], "hidden_size": entry["hidden_size"],
-                  "num_attention_heads": entry["heads"], "num_key_value_heads": entry["kv_heads"],
-                  "vocab_size": vocab, "intermediate_size": entry.get("intermediate_size"),
-                  "parameters": entry["parameters_m"] * 1e6}
+        vocab = catalog.vocab_size(entry.family)
+        config = {"num_hidden_layers": entry.layers, "hidden_size": entry.hidden_size,
+                  "num_attention_heads": entry.heads, "num_key_value_heads": entry.kv_heads,
+                  "vocab_size": vocab, "intermediate_size": entry.intermediate_size,
+                  "parameters": entry.parameters_m * 1e6}
         return Resolved(name, shape_from_config(config), "catalog")
     file = _config_file(name)
     if file is None:

@@ -22,7 +22,7 @@ from specdraft_eval.engine.sampling import Sampler
 from specdraft_eval.engine.taps import FeatureTap
 from specdraft_eval.engine.verify import verify_step
 from specdraft_eval.errors import SpecdecError
-from specdraft_eval.measure.stats import GenerationStats
+from specdraft_eval.measure.stats import Divergence, GenerationStats
 from specdraft_eval.measure.timers import clock
 
 
@@ -227,16 +227,15 @@ def autoregressive_generate(target, input_ids, params: DecodeParams | int | None
 
 
 @torch.inference_mode()
-def divergence(target, prompt: list[int], specdec: list[int], baseline: list[int]) -> dict | None:
+def divergence(target, prompt: list[int], specdec: list[int], baseline: list[int]) -> Divergence | None:
     """Where two greedy decodings of ``prompt`` first differ, and by how much the target's logits there
     (one fresh forward pass over the common prefix) prefer the baseline's token over the speculative one:
     a margin near 0 is a near-tie that reduced precision can flip, a large one points at a bug."""
     index = next((i for i, (a, b) in enumerate(zip(specdec, baseline)) if a != b), min(len(specdec), len(baseline)))
     if index == len(baseline) or index == len(specdec):
-        return None if index == len(baseline) else {"index": index, "specdec_token": None,
-                                                     "baseline_token": baseline[index], "logit_margin": None}
+        return None if index == len(baseline) else Divergence(index=index, baseline_token=baseline[index])
     ids = torch.tensor([prompt + baseline[:index]], device=target.device)
     logits = target(ids).logits[0, -1].float()  # [vocab]
-    return {"index": index, "specdec_token": specdec[index], "baseline_token": baseline[index],
-            "logit_margin": round(float(logits[baseline[index]] - logits[specdec[index]]), 6)}
+    return Divergence(index=index, specdec_token=specdec[index], baseline_token=baseline[index],
+                      logit_margin=round(float(logits[baseline[index]] - logits[specdec[index]]), 6))
 

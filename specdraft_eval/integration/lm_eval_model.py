@@ -13,6 +13,7 @@ import signal
 import sys
 import threading
 from collections import Counter, defaultdict
+from dataclasses import replace
 from functools import reduce
 
 import torch
@@ -35,7 +36,7 @@ from specdraft_eval.measure.environment import ModelFacts, dtype_name
 from specdraft_eval.measure.profiles import default_profile_path, read_profile
 from specdraft_eval.measure.record import SpecdecRecord
 from specdraft_eval.measure.report import table
-from specdraft_eval.measure.stats import GenerationStats
+from specdraft_eval.measure.stats import Divergence, GenerationStats
 from specdraft_eval.models import kernels as kernel_paths
 from specdraft_eval.models.targets import (
     ALIASES,
@@ -175,7 +176,7 @@ class SpecDecLM(HFLM):
         # dynamic γ learns about the draft over the whole run, not again for every request
         self._gamma_controller = (GammaController.around(self.num_draft_tokens)
                                   if self.dynamic_gamma else None)
-        self._mismatch_details: list[dict] = []
+        self._mismatch_details: list[Divergence] = []
         self._task = "default"
         self._merged: SpecdecRecord | None = None
 
@@ -206,7 +207,7 @@ class SpecDecLM(HFLM):
             records = self.gather_object(self._record(), dst=0)
             self._merged = reduce(SpecdecRecord.merge, records) if self.rank == 0 else None
         if self.rank == 0 and by_task:
-            print(table(self.specdec_info()), flush=True)
+            print(table(self._merged or self._record()), flush=True)
         return results
 
     def _model_generate(self, context, max_length: int, stop: list[str], **generation_kwargs) -> torch.Tensor:
@@ -237,8 +238,8 @@ class SpecDecLM(HFLM):
                 # a speculative step may run a few tokens past a stop sequence; lm-eval cuts both there
                 if not do_sample and new[: len(reference)] != reference:
                     stats.baseline_mismatches += 1
-                    where = divergence(self.model, prompt, new, reference)
-                    self._mismatch_details.append({"task": self._task, **(where or {})})
+                    where = replace(divergence(self.model, prompt, new, reference) or Divergence(), task=self._task)
+                    self._mismatch_details.append(where)
                     log.error("specdec output differs from plain greedy decoding on a %s request: %s", self._task, where)
         self._stats[self._task] += stats
         rows = [context[row].tolist() + new for row, new in enumerate(outputs)]

@@ -22,7 +22,7 @@ from specdraft_eval.errors import SpecdecError
 from specdraft_eval.files import RecordError, RecordWarning, check_version, load_json
 from specdraft_eval.measure.analytical import Latencies, predicted_from_latencies
 from specdraft_eval.measure.environment import ModelFacts, hardware, versions
-from specdraft_eval.measure.stats import GenerationStats
+from specdraft_eval.measure.stats import Divergence, GenerationStats
 
 __all__ = ["SCHEMA_VERSION", "MAX_MISMATCH_DETAILS", "RecordError", "RecordWarning", "SpecdecRecord",
            "ResultsFile", "read_results", "scan_results", "Configuration", "configurations"]
@@ -55,7 +55,7 @@ class SpecdecRecord:
     per_task: dict[str, GenerationStats] = field(default_factory=dict)
     latencies: Latencies | None = None  # separately measured (a profile): what predicted_tokens_per_second uses
     # per mismatch (at most MAX_MISMATCH_DETAILS): task, first differing token index, both tokens, logit margin
-    baseline_mismatch_details: list[dict] = field(default_factory=list)
+    baseline_mismatch_details: list[Divergence] = field(default_factory=list)
     processes: int = 1  # how many processes' counters this record holds (data-parallel ranks, merged runs)
     dtype: str = ""  # the target's weights' dtype ("" in files written before it was recorded)
     use_kernels: bool = False  # whether transformers' hub kernels were asked for
@@ -64,7 +64,7 @@ class SpecdecRecord:
     @classmethod
     def new(cls, target: str, draft: str, num_draft_tokens: int, dynamic_gamma: bool, device,
             per_task: dict[str, GenerationStats], draft_model=None,
-            latencies: Latencies | None = None, baseline_mismatch_details: list[dict] | None = None, *,
+            latencies: Latencies | None = None, baseline_mismatch_details: list[Divergence] | None = None, *,
             dtype: str = "", use_kernels: bool = False, runtime: dict | None = None) -> SpecdecRecord:
         """A record of a run on ``device`` now (hardware name and package versions filled in)."""
         facts = ModelFacts.of(draft_model)
@@ -97,12 +97,13 @@ class SpecdecRecord:
         return replace(self, per_task=per_task, baseline_mismatch_details=details,
                        processes=self.processes + other.processes)
 
+    def predicted(self, stats: GenerationStats) -> float | None:
+        """Tokens/s the analytical model predicts for ``stats``' counts from the separately measured latencies."""
+        return predicted_from_latencies(stats, self.latencies) if self.latencies else None
+
     def to_block(self) -> dict:
         """The ``config.specdec`` block of a results file."""
-        total = self.total
-
-        def predicted(stats: GenerationStats) -> float | None:
-            return predicted_from_latencies(stats, self.latencies) if self.latencies else None
+        total, predicted = self.total, self.predicted
 
         return {
             "schema_version": SCHEMA_VERSION,
@@ -123,7 +124,7 @@ class SpecdecRecord:
             "predicted_tokens_per_second": predicted(total),
             "latencies": self.latencies.to_json() if self.latencies else None,
             "baseline_mismatches": self.baseline_mismatches,
-            "baseline_mismatch_details": self.baseline_mismatch_details,
+            "baseline_mismatch_details": [d.to_json() for d in self.baseline_mismatch_details],
             "counters": total.as_dict(),
             "per_task": {task: {"generations": s.generations, "baseline_mismatches": s.baseline_mismatches, **s.summary(),
                                 "predicted_tokens_per_second": predicted(s), "counters": s.as_dict()}
@@ -139,7 +140,7 @@ class SpecdecRecord:
         try:
             reader = _task_counters if block["schema_version"] >= 2 else _task_counters_v1
             per_task = {task: reader(figures) for task, figures in block["per_task"].items()}
-            details = list(block.get("baseline_mismatch_details") or [])
+            details = [Divergence.from_json(d) for d in block.get("baseline_mismatch_details") or []]
             _restore_mismatch_counts(per_task, int(block.get("baseline_mismatches", 0)), details)
             return cls(block["target"], block["draft"], int(block["num_draft_tokens"]),
                        bool(block.get("dynamic_gamma", False)), block.get("hardware") or "",
@@ -153,14 +154,14 @@ class SpecdecRecord:
                               "regenerate or remove it") from None
 
 
-def _restore_mismatch_counts(per_task: dict[str, GenerationStats], total: int, details: list[dict]) -> None:
+def _restore_mismatch_counts(per_task: dict[str, GenerationStats], total: int, details: list[Divergence]) -> None:
     """Files written before mismatches were counted per task hold only the total: give each task the
     mismatches its details name, and any beyond the details (or of no named task) to the first task."""
     if sum(s.baseline_mismatches for s in per_task.values()) >= total or not per_task:
         return
     for where in details:
-        if where.get("task") in per_task:
-            per_task[where["task"]].baseline_mismatches += 1
+        if where.task in per_task:
+            per_task[where.task].baseline_mismatches += 1
     first = next(iter(per_task.values()))
     first.baseline_mismatches += total - sum(s.baseline_mismatches for s in per_task.values())
 

@@ -1,8 +1,11 @@
-"""The ``specdec`` block as the text table ``lm_eval --model specdec`` prints (the block: :mod:`record`)."""
+"""A run's record as the text table ``lm_eval --model specdec`` prints (the record: :mod:`record`)."""
 
 from __future__ import annotations
 
 from tabulate import tabulate
+
+from specdraft_eval.measure.record import SpecdecRecord
+from specdraft_eval.measure.stats import GenerationStats
 
 TABLE_COLUMNS = [
     ("task", "task"),
@@ -25,14 +28,18 @@ def positions(rates: list[float] | None, most: int = 8) -> str | None:
     return " ".join(f"{r:.2f}" for r in rates[:most]) + (" …" if len(rates) > most else "")
 
 
-def table(block: dict) -> str:
-    """The block as a text table: one row per task and an ``all`` row."""
-    rows = [{"task": task, **figures} for task, figures in block["per_task"].items()]
-    if len(rows) != 1:
-        rows.append({"task": "all", **block})
-    body = [[_fmt(row.get(key)) if key != "acceptance_rate_per_position" else positions(row.get(key)) or "-"
-             for key, _ in TABLE_COLUMNS] for row in rows]
-    title = f"specdec: target={block['target']} draft={block['draft']} num_draft_tokens={block['num_draft_tokens']}"
+def _cells(task: str, stats: GenerationStats, predicted: float | None) -> list[str]:
+    figures = {"task": task, "predicted_tokens_per_second": predicted}
+    return [positions(stats.acceptance_rate_per_position) or "-" if key == "acceptance_rate_per_position"
+            else _fmt(figures[key] if key in figures else getattr(stats, key)) for key, _ in TABLE_COLUMNS]
+
+
+def table(record: SpecdecRecord) -> str:
+    """The record as a text table: one row per task and an ``all`` row."""
+    body = [_cells(task, stats, record.predicted(stats)) for task, stats in sorted(record.per_task.items())]
+    if len(body) != 1:
+        body.append(_cells("all", record.total, record.predicted(record.total)))
+    title = f"specdec: target={record.target} draft={record.draft} num_draft_tokens={record.num_draft_tokens}"
     return title + "\n" + tabulate(body, headers=[h for _, h in TABLE_COLUMNS], tablefmt="github")
 
 

@@ -185,3 +185,23 @@ class GenerationStats:
             "speedup": self.speedup,
             "loop_overhead": self.loop_overhead,
         }
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """Where a greedy speculative output first differs from plain decoding's: the token index, both tokens, the
+    target's logit margin there (baseline's over the speculative token: near 0 is a near-tie reduced precision can
+    flip, a large one points at a bug) and the task; fields None where unknown (the output only ran longer)."""
+
+    task: str | None = None
+    index: int | None = None
+    specdec_token: int | None = None
+    baseline_token: int | None = None
+    logit_margin: float | None = None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> Divergence:
+        return cls(**{f.name: data.get(f.name) for f in fields(cls)})

@@ -236,8 +236,10 @@ def summarise(configs: list[Config], target, target_name: str, gamma: int, max_n
         draft_only = kernels.distinct_weight_bytes(target, config.draft_model) - kernels.distinct_weight_bytes(target)
         mismatched = sorted({i for runs, ref_runs in zip(config.runs, reference.runs)
                              for i, (r, ref) in enumerate(zip(runs, ref_runs)) if r.tokens != ref.tokens})
-        margins = [(divergence(target, prompt_ids[i], config.runs[0][i].tokens, reference.runs[0][i].tokens) or {})
-                   .get("logit_margin") for i in mismatched]
+        wheres = [divergence(target, prompt_ids[i], config.runs[0][i].tokens, reference.runs[0][i].tokens)
+                  for i in mismatched]
+        margins = [where.logit_margin if where else None for where in wheres]
+
         def versus(other: Config | None) -> Spread | None:
             if other is None:
                 return None
