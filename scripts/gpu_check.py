@@ -183,9 +183,8 @@ def bench(check: Check) -> None:
 
     target = check.target()
     prompts = task_prompts("specdec_humaneval")[:3] + task_prompts("specdec_mmlu_cot")[:1]
-    from specdraft_eval.drafts.eagle import EagleDrafter
+    from specdraft_eval.drafts.eagle import EagleDrafter, new_head
     from specdraft_eval.models.targets import Target
-    from zoo.train_head import new_head
 
     loaded = Target(target, check.tokenizer)
     drafters = [load_draft("prompt-lookup", loaded), load_draft("layers:0-4", loaded),

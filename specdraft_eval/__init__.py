@@ -3,6 +3,8 @@
 Public API (imported lazily so that the ``.pth`` hook costs nothing at start-up)::
 
     from specdraft_eval import load_target, load_draft, speculative_generate, speculative_generate_batch
+
+The layers below (measure, models, engine, drafts, integration) are described in ARCHITECTURE.md.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "load_target": "specdraft_eval.models.targets",
     "load_draft": "specdraft_eval.drafts",
-    "DecodeParams": "specdraft_eval.engine.loop",
+    "Target": "specdraft_eval.models.targets",
+    "DecodeParams": "specdraft_eval.engine.params",
     "speculative_generate": "specdraft_eval.engine.loop",
     "speculative_generate_batch": "specdraft_eval.engine.loop",
     "autoregressive_generate": "specdraft_eval.engine.loop",

@@ -17,12 +17,12 @@ from specdraft_eval import (
     speculative_generate_batch,
 )
 from specdraft_eval.drafts import load_draft
-from specdraft_eval.drafts.eagle import EAGLE3, EagleHead, HeadLayout, build
+from specdraft_eval.drafts.eagle import EAGLE3, EagleHead, HeadLayout, build, head_config, new_head
 from specdraft_eval.engine.drafter import FINAL
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.integration.serving import speculative_config
 from specdraft_eval.models.targets import LoadSettings, Target
-from zoo.train_head import HeadTraining, head_config, new_head, save_head, train_head
+from zoo.train_head import HeadTraining, save_head, train_head
 
 PROMPTS = [[1], [3, 4, 5, 6], list(range(2, 40)), [7, 7, 7, 9, 7, 7]]
 

@@ -298,3 +298,23 @@ def test_latency_sweeps_beside_the_results_are_a_table_and_a_figure(results, tmp
     assert "![latency against depth and width" in readme
     page = (out / "index.html").read_text()
     assert "<option>NVIDIA H200</option>" in page and 'data-hw="NVIDIA H200"' in page
+
+
+@pytest.mark.parametrize("row, field", [
+    ({"group": "depth", "layers": "four", "hidden_size": 512, "weight_bytes": 1, "ms_per_token": 1.0}, "layers"),
+    ({"group": "depth", "layers": 4, "hidden_size": 512, "weight_bytes": 1}, "ms_per_token"),
+    ("not a row", "not an object"),
+])
+def test_a_malformed_sweep_file_is_one_line_naming_the_file_and_the_field(results, tmp_path, row, field):
+    from specdraft_eval.files import write_json
+    from specdraft_eval.measure.profiles import CALIBRATION_KIND, CALIBRATION_SCHEMA_VERSION
+
+    sweep = results / "sweeps" / "sweep_bad.json"
+    write_json(sweep, {"kind": CALIBRATION_KIND, "schema_version": CALIBRATION_SCHEMA_VERSION, "name": "bad",
+                       "per_layer_ms": 0.5, "bandwidth_gb_s": None, "rows": [row]})
+    out = tmp_path / "out"
+    done = build(results, out)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(sweep) in lines[0] and field in lines[0], done.stderr
+    assert not out.exists()  # nothing half-written

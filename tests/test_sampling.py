@@ -12,11 +12,10 @@ from scipy.stats import chisquare
 
 from specdraft_eval import speculative_generate, speculative_generate_batch
 from specdraft_eval.drafts.composite import CompositeDrafter
-from specdraft_eval.drafts.eagle import EagleDrafter
+from specdraft_eval.drafts.eagle import EagleDrafter, new_head
 from specdraft_eval.drafts.model import ModelDrafter
 from specdraft_eval.drafts.prompt_lookup import PromptLookupDrafter
 from specdraft_eval.engine.sampling import Sampler
-from zoo.train_head import new_head
 
 VOCAB = 8
 PROMPT = [3, 1, 4, 1, 5, 1]  # repeats give prompt lookup something to propose

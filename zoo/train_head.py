@@ -28,15 +28,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from transformers import LlamaConfig
 
-from specdraft_eval.drafts.eagle import (
-    EAGLE,
-    HEAD_FILE,
-    HEAD_FORMAT,
-    EagleHead,
-    HeadLayout,
-)
+from specdraft_eval.drafts.eagle import HEAD_FILE, HEAD_FORMAT, EagleHead, new_head
 from specdraft_eval.drafts.ngram import vocab_fingerprint
 from specdraft_eval.engine.drafter import FINAL
 from specdraft_eval.engine.taps import FeatureTap
@@ -75,23 +68,6 @@ class HeadTraining:
             raise SpecdecError(f"--window {self.window} must exceed --unroll {self.unroll}")
         if not 0 <= self.lr < 1:
             raise SpecdecError(f"--lr {self.lr} must lie in [0, 1)")
-
-
-def head_config(target) -> LlamaConfig:
-    """One Llama decoder layer of the target's own shape."""
-    values = {k: v for k, v in target.config.to_dict().items() if k not in ("architectures", "layer_types")}
-    config = LlamaConfig(**{**values, "num_hidden_layers": 1, "tie_word_embeddings": False})
-    config._attn_implementation = "sdpa"
-    return config
-
-
-def new_head(target, token_ids: list[int] | None = None, seed: int = 0) -> EagleHead:
-    """A freshly initialised EAGLE head for ``target`` (reading its final hidden state; ``token_ids``: its output
-    vocabulary, default the target's whole one), with the target's output head rows attached."""
-    torch.manual_seed(seed)
-    head = EagleHead(HeadLayout(EAGLE, (FINAL,), head_config(target), token_ids), target.config.hidden_size, True)
-    head.use_target_head(target, token_ids)
-    return head.to(target.device, target.dtype)
 
 
 def save_head(directory: Path, head: EagleHead, meta: dict) -> None:

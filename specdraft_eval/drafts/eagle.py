@@ -150,6 +150,23 @@ class EagleHead(nn.Module):
         return self.lm_head(self.norm(hidden))
 
 
+def head_config(target) -> LlamaConfig:
+    """One Llama decoder layer of the target's own shape."""
+    values = {k: v for k, v in target.config.to_dict().items() if k not in ("architectures", "layer_types")}
+    config = LlamaConfig(**{**values, "num_hidden_layers": 1, "tie_word_embeddings": False})
+    config._attn_implementation = "sdpa"
+    return config
+
+
+def new_head(target, token_ids: list[int] | None = None, seed: int = 0) -> EagleHead:
+    """A freshly initialised EAGLE head for ``target`` (reading its final hidden state; ``token_ids``: its output
+    vocabulary, default the target's whole one), with the target's output head rows attached."""
+    torch.manual_seed(seed)
+    head = EagleHead(HeadLayout(EAGLE, (FINAL,), head_config(target), token_ids), target.config.hidden_size, True)
+    head.use_target_head(target, token_ids)
+    return head.to(target.device, target.dtype)
+
+
 class EagleDrafter(DrafterBase):
     """Drafts with an :class:`EagleHead`. State per row: the target's features not yet fed to the head and the
     head's KV cache over (feature t, token t+1) pairs, kept for the target's features and rolled back for its own."""

@@ -1,0 +1,68 @@
+"""Our engine's speed at another revision against the working tree's, measured side by side.
+
+    python scripts/compare_revisions.py REV [--rounds 3] [--drafts prompt-lookup] [--limit 2] [--max-new-tokens 64]
+
+Checks REV out as a temporary git worktree and runs ``zoo bench --json`` alternately from it and from this tree
+(``PYTHONPATH`` picks the code; the same environment, kernels and prompts), ``--rounds`` times each. Prints, per
+configuration of our engine, the median tokens/s of each side over the rounds (min–max beside) and the ratio of
+the medians: a layout change should leave it at 1.0 within this machine's noise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OURS = ("specdraft", "specdraft dynamic γ", "specdraft plain")
+
+
+def bench(code: Path, args: argparse.Namespace) -> dict[tuple[str, str | None], float]:
+    """One ``zoo bench`` run of the code under ``code``: tokens/s (median over its repeats) per engine and draft."""
+    argv = ["zoo", "bench", "--target", args.target, "--limit", str(args.limit), "--repeats", "1",
+            "--max-new-tokens", str(args.max_new_tokens), "--json"] + [a for d in args.drafts for a in ("--drafts", d)]
+    done = subprocess.run([sys.executable, "-c", f"import sys; sys.argv = {argv!r}; from zoo.cli import app; app()"],
+                          env={**os.environ, "PYTHONPATH": str(code)}, capture_output=True, text=True, cwd=code)
+    if done.returncode:
+        raise SystemExit(f"zoo bench failed in {code}: {done.stderr.strip().splitlines()[-1]}")
+    rows = json.loads(done.stdout)["configs"]
+    return {(r["engine"], r["draft"]): r["tokens_per_second"]["median"] for r in rows if r["engine"] in OURS}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("rev")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--target", default="smollm2-135m-instruct")
+    parser.add_argument("--drafts", action="append", default=None)
+    parser.add_argument("--limit", type=int, default=2)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    args = parser.parse_args()
+    args.drafts = args.drafts or ["prompt-lookup"]
+    with tempfile.TemporaryDirectory() as tmp:
+        other = Path(tmp) / "rev"
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-f", "--detach", str(other), args.rev],
+                       check=True, capture_output=True)
+        try:
+            runs: dict[str, list[dict]] = {"rev": [], "tree": []}
+            for _ in range(args.rounds):  # alternated, so a drift of the machine hits both sides alike
+                runs["rev"].append(bench(other, args))
+                runs["tree"].append(bench(ROOT, args))
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(other)], capture_output=True)
+    print(f"tokens/s, median [min–max] over {args.rounds} alternated rounds; {args.rev} vs this tree")
+    for key in runs["tree"][0]:
+        old, new = ([r[key] for r in runs[side]] for side in ("rev", "tree"))
+        print(f"{key[0]:22s} {key[1] or '-':18s} {statistics.median(old):7.2f} [{min(old):.2f}–{max(old):.2f}]  "
+              f"{statistics.median(new):7.2f} [{min(new):.2f}–{max(new):.2f}]  "
+              f"ratio {statistics.median(new) / statistics.median(old):.3f}")
+
+
+if __name__ == "__main__":
+    main()
