@@ -1,4 +1,5 @@
-"""The code's shape: no import cycle, one draft-spec parser, a request object, ranking of every published record."""
+"""The code's shape: imports only down the layers and no cycle (with a negative control), every package's docstring,
+one draft-spec parser, a request object, ranking of every published record."""
 
 from __future__ import annotations
 

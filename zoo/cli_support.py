@@ -80,8 +80,8 @@ PromptsFileOpt = Annotated[Optional[Path], typer.Option(help="Prompts file inste
 BenchGammaOpt = Annotated[str, typer.Option(help="γ (draft tokens per step) for the constant-γ runs; dynamic γ "
                                        "starts there.")]
 BatchSizeOpt = Annotated[Optional[str], typer.Option(
-        "--batch-size", help="Batch study instead: comma-separated batch sizes (e.g. 1,2,4,8); tokens/s of our "
-        "batched engine, speculative and plain, per batch size (--limit is raised to the largest).")]
+    "--batch-size", help="Batch study instead: comma-separated batch sizes (e.g. 1,2,4,8); tokens/s of our "
+    "batched engine, speculative and plain, per batch size (--limit is raised to the largest).")]
 NewTokensOpt = Annotated[int, typer.Option(help="Tokens the target generates per prompt.")]
 NgramPromptsOpt = Annotated[int, typer.Option(help="Continue at most this many prompts (the default keeps the build "
                                               "under 10 minutes on 2 CPU cores).")]
