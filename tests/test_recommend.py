@@ -91,3 +91,20 @@ def test_lm_eval_model_resolves_auto(tmp_path, monkeypatch):
     assert (lm.num_draft_tokens, lm.dynamic_gamma) == (5, False)
 
 
+
+
+def test_auto_is_resolved_before_loading_and_needs_a_named_target(tmp_path):
+    """load_draft never resolves auto itself (one rule, in one place: resolve_auto); a target built in code has no
+    name to look results up by: one line each, saying what to do."""
+    from specdraft_eval import load_draft, load_target
+    from specdraft_eval.errors import SpecdecError
+    from specdraft_eval.integration.recommend import resolve_auto, resolve_draft
+    from specdraft_eval.models.targets import Target
+
+    target = load_target(str(save_tiny(tmp_path / "tiny")))
+    with pytest.raises(SpecdecError, match="resolve it with .*resolve_auto"):
+        load_draft("auto", target)
+    with pytest.raises(SpecdecError, match="needs a target loaded by name"):
+        resolve_auto(Target(target.model, target.tokenizer))
+    assert resolve_draft("prompt-lookup", target) == "prompt-lookup"  # anything but auto passes through
+    assert resolve_draft("auto", target) == resolve_auto(target).draft  # a tiny target with no results: the fallback
