@@ -150,3 +150,25 @@ def test_reduced_precision_near_ties_are_numerics_and_everything_else_fails():
     for dtype, margin in (("bfloat16", 3.0), ("bfloat16", None), ("float32", 0.01)):
         with pytest.raises(SpecdecError, match="losslessness bug"):
             bench_result.check_lossless(result(dtype, margin), ["p"])
+
+
+def test_batch_study_cli_json_and_table(tiny, prompts_file):
+    """``zoo bench --batch-size``: a row per draft and batch size, spreads as median/min/max/n, the largest batch
+    that paid, and the table, from the typed study."""
+    from zoo.bench.batch import SCHEMA_VERSION
+
+    args = ["zoo", "bench", "--target", str(tiny), "--prompts", str(prompts_file), "--limit", "2", "--repeats", "1",
+            "--max-new-tokens", "6", "--batch-size", "1,2"]
+    done = run_cli(*args, "--json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    data = json.loads(done.stdout)
+    assert data["schema_version"] == SCHEMA_VERSION and data["task"] is None and data["dtype"] == "float32"
+    assert [(r["draft"], r["batch_size"]) for r in data["rows"]] == [("prompt-lookup:3", 1), ("prompt-lookup:3", 2)]
+    for row in data["rows"]:
+        assert set(row["tokens_per_second"]) == {"median", "min", "max", "n"} and row["tokens_per_second"]["n"] == 1
+        assert row["speedup"] > 0 and row["peak_mb"] > 0
+    paying = [r["batch_size"] for r in data["rows"] if r["speedup"] > 1]
+    assert data["pays_up_to_batch"] == {"prompt-lookup:3": max(paying) if paying else None}
+    table = run_cli(*args)
+    assert table.returncode == 0, table.stderr[-2000:]
+    assert "plain tok/s" in table.stdout and "prompt-lookup:3: speculation pays" in table.stdout

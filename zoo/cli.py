@@ -254,7 +254,7 @@ batch_size: BatchSizeOpt = None,
         return emit(result.to_json(), True)
     typer.echo(f"target {target} ({result.dtype}) on {result.hardware}: {len(texts)} prompts × "
                f"{max_new_tokens} new tokens, γ={gamma}, {repeats} repeats (median [min–max])")
-    emit(batch.table_rows(result) if sizes else render.table_rows(result), False)
+    emit(render.batch_rows(result) if sizes else render.table_rows(result), False)
     for name, size in (result.pays_up_to_batch.items() if sizes else []):
         typer.echo(f"{name}: speculation pays " + (f"up to batch {size}" if size else "at no batch size measured"))
 

@@ -123,18 +123,6 @@ def run_batch_study(target, tokenizer, drafters: list, prompts: list[str], batch
                       max_new_tokens, gamma, repeats, rows, pays)
 
 
-def table_rows(result: BatchStudy) -> list[dict]:
-    """The study as flat rows for the CLI's table (its only reader)."""
-    def spread(s: Spread) -> str:
-        return f"{s.median:.1f} [{s.min:.1f}–{s.max:.1f}]"
-
-    return [{"draft": r.draft, "batch": r.batch_size, "tok/s": spread(r.tokens_per_second),
-             "plain tok/s": spread(r.plain_tokens_per_second), "speedup": round(r.speedup, 2),
-             "TAR": round(r.tar, 2) if r.tar else None, "target KV B/tok": r.target_kv_bytes_per_token,
-             "draft KV B/tok": r.draft_kv_bytes_per_token, "peak MB": round(r.peak_mb),
-             "plain peak MB": round(r.plain_peak_mb)} for r in result.rows]
-
-
 def study(target_name: str, drafts: list[str], prompts: list[str], plan: BenchPlan, settings: LoadSettings,
           batch_sizes: list[int], tick: Tick = no_progress) -> BatchStudy:
     """``zoo bench --batch-size``: load the target and drafts with ``settings`` and :func:`run_batch_study`."""
