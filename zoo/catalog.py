@@ -77,8 +77,18 @@ def vocab_size(family: str) -> int:
     return load()["families"][family]["vocab_size"]
 
 
-def listing(target: str | None) -> dict:
-    """``zoo list``: catalog drafts (for ``target``'s family, if given) and the training-free kinds."""
-    return {"drafts": [asdict(entry) for entry in entries(target)],
-            "training_free": [{"name": d["name"], "family": "any", "source": d["source"]}
-                              for d in load()["training_free"]]}
+@dataclass(frozen=True)
+class Listing:
+    """``zoo list``: catalog drafts and the training-free kinds (``name``, ``source``: any family)."""
+
+    drafts: list[CatalogEntry]
+    training_free: list[dict[str, str]]
+
+    def to_json(self) -> dict:
+        return {"drafts": [asdict(entry) for entry in self.drafts], "training_free": self.training_free}
+
+
+def listing(target: str | None) -> Listing:
+    """Catalog drafts (for ``target``'s family, if given) and the training-free kinds."""
+    return Listing(entries(target), [{"name": d["name"], "family": "any", "source": d["source"]}
+                                     for d in load()["training_free"]])

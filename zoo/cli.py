@@ -34,11 +34,11 @@ def list_drafts(
     """Show the catalog of known drafts, by target family, with the training-free kinds."""
     from zoo import catalog
 
-    listing = catalog.listing(target)
+    data = catalog.listing(target).to_json()
     if as_json:
-        return emit(listing, True)
-    emit(listing["drafts"], False, ["name", "family", "hub_id", "parameters_m", "layers", "licence", "source"])
-    emit(listing["training_free"], False, ["name", "family", "source"])
+        return emit(data, True)
+    emit(data["drafts"], False, ["name", "family", "hub_id", "parameters_m", "layers", "licence", "source"])
+    emit(data["training_free"], False, ["name", "family", "source"])
 
 
 @app.command()
