@@ -13,7 +13,7 @@ from specdraft_eval.measure.profiles import read_calibration
 from specdraft_eval.measure.record import scan_results
 from specdraft_eval.models.targets import ALIASES, LoadSettings, Target
 from zoo import catalog, latency_model, shapes
-from zoo.loading import load_drafts
+from zoo.loading import load_one
 from zoo.rank import (
     MEASURE_GAMMAS,
     Candidate,
@@ -93,7 +93,7 @@ def _measure_tar(target: Target, task: str, n: int, candidates: list[Candidate],
     """Measure TAR (and tokens/s here, shown beside the prediction) on the task's first ``n`` prompts."""
     prompts = [target.tokenizer(text, return_tensors="pt").input_ids[:, -512:] for text in task_prompts(task)[:n]]
     for c in candidates:
-        drafter = (drafters or {}).get(c.draft) or load_drafts(target, [c.draft])[0]
+        drafter = (drafters or {}).get(c.draft) or load_one(target, c.draft)
         measured = measure(target.model, drafter, prompts, gammas, max_new_tokens)
         c.tar = {g: s.tar for g, s in measured.items()}
         c.tar_source = {g: f"measured ({len(prompts)} prompts)" for g in measured}
@@ -110,7 +110,7 @@ def _rank_here(target_name: str, options: RankOptions, files: list, records: dic
     drafters = {}
     for name in names:
         try:
-            drafter = load_drafts(target, [name])[0]
+            drafter = load_one(target, name)
         except SpecdecError as exc:
             if drafts or name not in records:
                 raise

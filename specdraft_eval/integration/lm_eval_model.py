@@ -90,7 +90,7 @@ class SpecDecLM(HFLM):
     """HFLM whose ``generate_until`` runs speculative decoding with ``draft``.
 
     model_args: ``pretrained`` (alias, directory, .gguf, hub id), ``draft`` (``prompt-lookup[:N]``,
-    ``layers:SPEC``, a draft model, ``A|B``, or ``auto``: :func:`~specdraft_eval.integration.recommend.recommend`, whose
+    ``layers:SPEC``, a draft model, ``A|B``, or ``auto``: :func:`~specdraft_eval.integration.recommend.resolve_auto`, whose
     γ and dynamic γ apply unless given), ``num_draft_tokens`` (γ, default 4), ``dynamic_gamma``,
     ``baseline`` (also time plain decoding of every request, for speedup), ``seed``, ``kernels`` (``onednn``:
     pre-packed CPU linears, the default; ``plain``: PyTorch's own), ``score`` (``target``, the default, or
@@ -127,10 +127,9 @@ class SpecDecLM(HFLM):
         kernel_paths.check(kernels)
         self.target_name = pretrained if isinstance(pretrained, str) else type(pretrained).__name__
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        if num_draft_tokens is not None:
-            _as_positive_int("num_draft_tokens", num_draft_tokens)  # checked before the model loads
-        if dynamic_gamma is not None:
-            _as_bool("dynamic_gamma", dynamic_gamma)
+        # checked before the model loads; None: the default, or what draft=auto resolves to
+        num_draft_tokens = None if num_draft_tokens is None else _as_positive_int("num_draft_tokens", num_draft_tokens)
+        dynamic_gamma = None if dynamic_gamma is None else _as_bool("dynamic_gamma", dynamic_gamma)
         if isinstance(pretrained, str) and "gguf_file" not in kwargs:
             source = resolve(pretrained)
             if pretrained in ALIASES:
@@ -155,8 +154,7 @@ class SpecDecLM(HFLM):
             self._rank, self._world_size = accelerator.process_index, accelerator.num_processes
         kernel_paths.apply(self.model, kernels)  # before the draft, so that a layer view shares the packed layers
         target = Target(self.model, self.tokenizer, self.target_name,
-                        LoadSettings(str(self.model.device), dtype_name(self.model.dtype), kernels,
-                                     self.use_kernels))
+                        LoadSettings.of_model(self.model, self.use_kernels))
         gamma, dynamic = 4, False
         if DraftSpec.parse(draft).kind == AUTO:
             recommendation = resolve_auto(target)
@@ -164,8 +162,8 @@ class SpecDecLM(HFLM):
                                      recommendation.dynamic_gamma)
             log.warning("draft=auto for %s: %s, γ %d, dynamic γ %s (%s)", self.target_name, draft, gamma, dynamic,
                         recommendation.reason)
-        self.num_draft_tokens = _as_positive_int("num_draft_tokens", gamma if num_draft_tokens is None else num_draft_tokens)
-        self.dynamic_gamma = _as_bool("dynamic_gamma", dynamic if dynamic_gamma is None else dynamic_gamma)
+        self.num_draft_tokens = gamma if num_draft_tokens is None else num_draft_tokens
+        self.dynamic_gamma = dynamic if dynamic_gamma is None else dynamic_gamma
         self.draft_name = draft
         self._drafter = load_draft(draft, target)
         if self.score == "draft" and (not isinstance(self._drafter, ModelDrafter) or self._drafter.reduced_head):

@@ -157,6 +157,14 @@ class LoadSettings:
             raise SpecdecError(f"bad --dtype {dtype!r}: use auto, {', '.join(DTYPES)}")
         return cls(device, dtype, kernels, use_kernels)
 
+    @classmethod
+    def of_model(cls, model, use_kernels: bool = False) -> LoadSettings:
+        """The settings a loaded ``model`` runs with: its device, dtype and kernels."""
+        from specdraft_eval.measure.environment import dtype_name
+        from specdraft_eval.models.kernels import kernels_of
+
+        return cls(str(model.device), dtype_name(model.dtype), kernels_of(model), use_kernels)
+
     def load(self, name: str) -> Target:
         """:func:`load_target` with these settings."""
         return load_target(name, self.device, self.dtype, self.kernels, self.use_kernels)
@@ -175,12 +183,7 @@ class Target:
 
     def __post_init__(self) -> None:
         if self.settings is None:
-            from specdraft_eval.measure.environment import dtype_name
-            from specdraft_eval.models.kernels import kernels_of
-
-            settings = LoadSettings(str(self.model.device), dtype_name(self.model.dtype),
-                                    kernels_of(self.model))
-            object.__setattr__(self, "settings", settings)
+            object.__setattr__(self, "settings", LoadSettings.of_model(self.model))
 
 
 def load_target(name: str, device: str = "cpu", dtype: str = "float32", kernels: str = "plain",
