@@ -12,11 +12,12 @@ shapes in under 2 minutes):
 2. verification cost of k = 0..16 draft tokens on the 7B shape at contexts 128 and 1024;
 3. ``zoo bench`` on the 7B shape: transformers ``generate`` and assisted generation, our plain decoding and ours at
    fixed and dynamic γ, prompt lookup, a 5-layer view and an EAGLE head (one layer + the target's output head)
-   (with ``--compile``: our rows compiled);
+   (with ``--compile``: every configuration also compiled, beside the eager ones, warm-up apart);
 4. ``lm_eval --model specdec --device DEVICE`` on a small model saved to disk, batch 1 and 4, ``baseline=true``
    (with ``--compile``: ``compile=true``);
 5. steady decoding on the 7B shape: per-step times of plain steps and of verifying 4 tokens over a long decode,
-   with a growing cache, a static cache and compiled steps (max/median shows stalls at new lengths).
+   with a growing cache, a static cache and compiled steps (max/median shows stalls at new lengths), each width
+   compiled and warmed up before the clock starts (warm-up seconds and graphs compiled in timed steps apart).
 
 Writes ``gpu_check.json`` after each part and ``gpu.md`` (the tables) into ``--out``, and part 1's rows with their
 latency-model fit as ``sweep.json`` (the schema of ``zoo profile --sweep --out``: copy it beside the leaderboard's
@@ -248,16 +249,19 @@ def steady_steps(check: Check) -> None:
     from zoo.timing import context_tokens
 
     target, sampler, steps = check.target(), Sampler(), check.args.steady_steps
-    runtimes = {"eager": (None, False), "static cache": (True, False), "compiled": (True, True)}
+    runtimes = {"eager": (False, False), "static cache": (True, False), "compiled": (True, True)}
     if check.small:  # inductor's C++ build of 32 layers takes over a minute on 2 cores: tests/test_static.py covers it
         del runtimes["compiled"]
     rows = []
     for runtime, (static, compiled) in runtimes.items():
         tokens = context_tokens(128, target.config.vocab_size)
-        cache = prefill(target, [tokens], len(tokens) + steps + 2 * 8 + 8 if static else None)
-        cache.step = graphs.compiled(target) if compiled else None
+        engine = graphs.runtime(target, len(tokens) + steps + 8 + 5, compiled) if static else None
+        cache = prefill(target, [tokens], engine.cache(1) if engine else None)
+        warm_up = engine.warm_up(cache, range(1, 6)) if engine else 0.0  # widths 1 and 5, compiled (graphs captured)
+        cache.step = engine.step if engine else None
+        compiles = graphs.compiled_graphs()
         times: dict[int, list[float]] = {0: [], 4: []}
-        for step in range(8 + steps):  # 8 warm-up steps: every width used once (graphs captured) before timing
+        for step in range(8 + steps):  # 8 untimed steps more, then the timed ones
             for k in (4, 0):  # verification of 4 tokens, rolled back; then the plain step that grows the cache
                 start = clock(target.device)
                 [(_, token)] = verify_step(target, cache, [tokens], [Proposal([tokens[-1]] * k)], [sampler])
@@ -271,9 +275,11 @@ def steady_steps(check: Check) -> None:
         rows.append({"runtime": runtime, "steps": steps, "plain_ms_median": statistics.median(plain),
                      "plain_max_over_median": max(plain) / statistics.median(plain),
                      "verify4_ms_median": statistics.median(verify),
-                     "verify4_over_plain": statistics.median(verify) / statistics.median(plain)})
+                     "verify4_over_plain": statistics.median(verify) / statistics.median(plain),
+                     "warm_up_s": warm_up, "timed_compiles": graphs.compiled_graphs() - compiles})
         check.log(f"5 {runtime:14s} plain {rows[-1]['plain_ms_median']:.2f} ms (max/median "
-                  f"{rows[-1]['plain_max_over_median']:.2f}), verify 4: x{rows[-1]['verify4_over_plain']:.2f}")
+                  f"{rows[-1]['plain_max_over_median']:.2f}), verify 4: x{rows[-1]['verify4_over_plain']:.2f}, "
+                  f"warm-up {warm_up:.1f} s, compiles in timed steps {rows[-1]['timed_compiles']}")
     check.results["steady"] = {"context": 128, "rows": rows}
 
 
@@ -325,20 +331,23 @@ def report(results: dict) -> str:
         rows = [{**r, "tok/s": r["tokens_per_second"]["median"], "x AR": r["vs_autoregressive"]["median"],
                  "x ours plain": r["vs_ours_plain"]["median"]} for r in results["bench"]["configs"]]
         lines += ["## 3. `zoo bench` on the 7B shape", "",
-                  _table(rows, ["engine", "draft", "tok/s", "x AR", "x ours plain", "tar", "draft_ms_per_token", "verify_ms_per_step",
-                                "overhead", "identical", "numerics"]), "",
+                  _table(rows, ["engine", "draft", "compiled", "tok/s", "x AR", "x ours plain", "tar",
+                                "draft_ms_per_token", "verify_ms_per_step", "overhead", "identical", "numerics",
+                                "warm_up_seconds", "timed_compiles"]), "",
                   f"Lossless: {results['bench']['lossless']}", ""]
     if "lm_eval" in results:
         rows = [{"batch_size": r["batch_size"], "exit": r["returncode"], "seconds": r["seconds"],
                  **{k: (r["specdec"] or {}).get(k) for k in ("tar", "tokens_per_second", "baseline_tokens_per_second",
-                                                           "speedup", "baseline_mismatches")}}
+                                                           "speedup", "baseline_mismatches", "compile_seconds",
+                                                           "recompiles")}}
                 for r in results["lm_eval"]["runs"]]
         lines += ["## 4. `lm_eval --model specdec` on the device (4 x 1024 model, prompt lookup, `baseline=true`)", "",
                   _table(rows, list(rows[0])), ""]
     if "steady" in results:
         lines += ["## 5. Steady decoding on the 7B shape: growing cache, static cache, compiled steps", "",
                   _table(results["steady"]["rows"], ["runtime", "steps", "plain_ms_median", "plain_max_over_median",
-                                                     "verify4_ms_median", "verify4_over_plain"]), ""]
+                                                     "verify4_ms_median", "verify4_over_plain", "warm_up_s",
+                                                     "timed_compiles"]), ""]
     errors = {k: v.strip().splitlines()[-1] for k, v in results.items() if k.endswith("_error")}
     lines += [f"- {k}: {v}" for k, v in errors.items()]
     return "\n".join(lines).rstrip() + "\n"
@@ -355,7 +364,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=2, help="bench repeats")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--lm-eval-limit", type=int, default=8)
-    parser.add_argument("--compile", action="store_true", help="parts 3 and 4 with our steps compiled")
+    parser.add_argument("--compile", action="store_true", help="part 3 with compiled rows beside the eager ones, part 4 with compile=true")
     parser.add_argument("--steady-steps", type=int, default=256, help="timed decode steps in part 5")
     args = parser.parse_args()
     if args.small:

@@ -11,6 +11,7 @@ from conftest import run_cli, save_tiny
 from specdraft_eval import load_draft, load_target
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.measure.profiles import Spread
+from zoo.bench import render
 from zoo.bench import result as bench_result
 from zoo.bench import run as bench_run
 from zoo.prompts import load_prompts
@@ -78,6 +79,35 @@ def test_bench_catches_a_draft_that_changes_the_output(tiny, prompts_file, monke
 
 
 @pytest.mark.slow  # a real CLI run of some length: the full suite runs it
+def test_bench_compile_runs_compiled_configurations_beside_the_eager_ones(tiny, prompts_file, monkeypatch):
+    """``--compile``: ours and transformers' generate also compiled (dynamo with its eager backend here: the same
+    guards and counts as inductor, quickly), on the plain-kernel copy; the warm-up compiled every width of ours, so
+    its timed runs compile nothing; tokens identical throughout."""
+    import torch
+
+    from specdraft_eval.engine import graphs
+    from specdraft_eval.models.targets import LoadSettings
+
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real(fn, **{**kw, "backend": "eager", "mode": None}))
+    monkeypatch.setattr(graphs, "_RUNTIMES", type(graphs._RUNTIMES)())
+    torch._dynamo.reset()
+    plan = bench_result.BenchPlan(2, 1, 8, compile=True)
+    result = bench_run.bench(str(tiny), ["prompt-lookup"], load_prompts(None, prompts_file, 2), plan,
+                             LoadSettings.of("cpu", "float32", "onednn"))
+    compiled = [r for r in result.configs if r.compiled]
+    assert [(r.engine, r.kernels) for r in compiled] == [
+        (bench_result.AUTOREGRESSIVE, "plain"), (bench_result.OURS_PLAIN, "plain"), (bench_result.OURS, "plain"),
+        (bench_result.OURS_DYNAMIC, "plain")]
+    assert all(r.identical for r in result.configs) and result.lossless.startswith("every output identical")
+    ours = [r for r in compiled if r.engine != bench_result.AUTOREGRESSIVE]
+    assert all(r.timed_compiles == 0 and r.warm_up_seconds > 0 for r in ours)
+    assert next(r for r in ours if r.engine == bench_result.OURS_PLAIN).vs_ours_plain.median == 1.0
+    rows = render.table_rows(result)
+    assert {"compiled", "warm-up s", "timed compiles"} <= set(rows[0])
+    torch._dynamo.reset()
+
+
 def test_bench_cli_json_and_table(tiny, prompts_file):
     done = run_cli("zoo", "bench", "--target", str(tiny), "--prompts", str(prompts_file), "--limit", "2",
                    "--repeats", "1", "--max-new-tokens", "6", "--gamma", "2", "--json")
@@ -88,6 +118,7 @@ def test_bench_cli_json_and_table(tiny, prompts_file):
     assert [(r["engine"], r["kernels"]) for r in data["configs"]] == [
         (bench_result.AUTOREGRESSIVE, "onednn"), (bench_result.OURS_PLAIN, "onednn"), (bench_result.ASSISTED, "onednn"), (bench_result.OURS, "onednn"),
         (bench_result.OURS_DYNAMIC, "onednn"), (bench_result.AUTOREGRESSIVE, "plain"), (bench_result.ASSISTED, "plain")]
+    assert not any(r["compiled"] for r in data["configs"])
     assert all(r["identical"] for r in data["configs"])
     assert all(r["vs_plain_assisted"] for r in data["configs"] if r["engine"] == bench_result.OURS)
     table = run_cli("zoo", "bench", "--target", str(tiny), "--prompts", str(prompts_file), "--limit", "1",
@@ -111,7 +142,8 @@ def test_bench_bad_prompts_file(tiny, tmp_path, content, message):
 
 def test_bench_bad_options(tiny, prompts_file):
     for args, message in [(["--gamma", "0"], "bad --gamma"), (["--gamma", "2,4"], "runs one γ"), (["--limit", "0"], "--limit 0"),
-                          (["--dtype", "int8"], "bad --dtype"), (["--task", "specdec_humaneval"], "not both")]:
+                          (["--dtype", "int8"], "bad --dtype"), (["--task", "specdec_humaneval"], "not both"),
+                          (["--compile", "--batch-size", "1,2"], "drop --batch-size or --compile")]:
         done = run_cli("zoo", "bench", "--target", str(tiny), "--prompts", str(prompts_file), *args)
         assert done.returncode == 1 and message in done.stderr and "Traceback" not in done.stderr, done.stderr
 

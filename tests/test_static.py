@@ -69,7 +69,7 @@ def test_a_failed_compile_falls_back_with_one_warning(target, monkeypatch, caplo
         return call
 
     monkeypatch.setattr(torch, "compile", broken)
-    monkeypatch.setattr(graphs, "_COMPILED", type(graphs._COMPILED)())
+    monkeypatch.setattr(graphs, "_RUNTIMES", type(graphs._RUNTIMES)())
     prompt = torch.arange(2, 12)[None]
     with caplog.at_level(logging.WARNING, logger="specdraft_eval.engine.graphs"):
         out, _ = speculative_generate(target, drafts(target)["prompt-lookup"], prompt, 20, compile=True)
@@ -89,7 +89,7 @@ def test_compiled_steps_give_the_same_tokens(target):
         assert speculative_generate(target, drafts(target)[name], prompt, 40, num_draft_tokens=3,
                                     compile=True)[0] == expected, name
     assert autoregressive_generate(target, prompt, 40, compile=True)[0] == expected
-    assert graphs.compiled(target).compiled is not None  # it compiled: no fallback
+    assert graphs.runtime(target, 1, True).step.compiled is not None  # it compiled: no fallback
 
 
 def test_specdec_records_its_runtime(tmp_path):
@@ -99,7 +99,118 @@ def test_specdec_records_its_runtime(tmp_path):
     lm = lm_eval_model.SpecDecLM(pretrained=str(tiny), draft="prompt-lookup", device="cpu", static_cache="true")
     runtime = lm.specdec_info()["runtime"]
     assert runtime == {"static_cache": True, "compile": False, "attention": lm.model.config._attn_implementation,
-                       "score": "target"}
+                       "score": "target", "kernels": "onednn"}
     chosen = lm_eval_model.SpecDecLM(pretrained=str(tiny), draft="prompt-lookup", device="cpu",
                                      attn_implementation="eager")  # the switch: as with --model hf
     assert chosen.specdec_info()["runtime"]["attention"] == "eager"
+
+
+@pytest.fixture
+def dynamo_only(monkeypatch):
+    """``torch.compile`` with dynamo's own graphs run eagerly (``backend="eager"``): dynamo compiles, guards and
+    counts exactly as with inductor, in a fraction of the time; fresh runtimes and dynamo caches."""
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real(fn, **{**kw, "backend": "eager", "mode": None}))
+    monkeypatch.setattr(graphs, "_RUNTIMES", type(graphs._RUNTIMES)())
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+# an lm-eval-like run: prompts of different lengths, batches of 1 and 3 rows (buckets 1 and 4), γ 2, 4 and dynamic γ
+RUN = [(gamma, dynamic, [list(range(2, 2 + n)) for n in lengths])
+       for gamma, dynamic in [(2, False), (4, False), (3, True)]
+       for lengths in [(5,), (3, 11, 6), (17,), (9, 4, 13)]]
+
+
+def test_compiled_steps_compile_once_per_bucket_and_never_after_the_warm_up(dynamo_only):
+    """Every width and attention reach of every request reuses the run's graphs: width 1 and the dynamic width, per
+    batch bucket (two buckets here: 4 graphs, over 3 reaches of the 768-position cache), all compiled in the
+    warm-up; timed steps compile nothing (``recompiles`` 0)."""
+    target = tiny_llama(seed=0)
+    draft = drafts(target)["prompt-lookup"]
+    before = graphs.compiled_graphs()
+    warm_ups = []
+    for gamma, dynamic, rows in RUN:
+        out, stats = speculative_generate_batch(target, draft, rows, 30, num_draft_tokens=gamma,
+                                                dynamic_gamma=dynamic, compile=True, capacity=600)
+        assert out == [hf_greedy(target, torch.tensor([row]), 30) for row in rows]
+        assert stats.recompiles == 0, (gamma, dynamic, len(rows))
+        warm_ups.append(stats.compile_seconds)
+    assert graphs.compiled_graphs() - before <= 2 * 2
+    assert warm_ups[0] > 0 and warm_ups[1] > 0  # the first request of each bucket paid for the compilation
+
+
+def test_a_longer_request_grows_the_capacity_in_steps_and_counts_it_as_warm_up(dynamo_only):
+    """Without a run's capacity, requests share the target's runtime while they fit; a longer one grows it to the
+    next multiple of CAPACITY_STEP, compiled in its warm-up, never in timed steps."""
+    target = tiny_llama(seed=0)
+    draft = drafts(target)["prompt-lookup"]
+    short = speculative_generate(target, draft, torch.arange(2, 8)[None], 20, compile=True)[1]
+    first = graphs.runtime(target, 1, True)
+    assert first.capacity == graphs.CAPACITY_STEP
+    again = speculative_generate(target, draft, torch.arange(2, 30)[None], 20, compile=True)[1]
+    assert graphs.runtime(target, 1, True) is first and again.compile_seconds == 0 and again.recompiles == 0
+    long = torch.randint(2, 64, (1, graphs.CAPACITY_STEP), generator=torch.Generator().manual_seed(0))
+    grown = speculative_generate(target, draft, long, 20, compile=True)[1]
+    assert graphs.runtime(target, 1, True).capacity == 2 * graphs.CAPACITY_STEP
+    assert short.compile_seconds > 0 and grown.compile_seconds > 0 and grown.recompiles == 0
+
+
+def test_the_count_fails_where_shapes_change_per_request(dynamo_only, monkeypatch):
+    """Negative control: with the width static again (one graph per width), the same run compiles more graphs
+    than the bound above, and a request wider than its warm-up recompiles during timed steps."""
+    monkeypatch.setattr(torch._dynamo, "maybe_mark_dynamic", lambda tensor, dim: None)
+    target = tiny_llama(seed=0)
+    draft = drafts(target)["prompt-lookup"]
+    before = graphs.compiled_graphs()
+    for gamma, dynamic, rows in RUN[:2]:
+        speculative_generate_batch(target, draft, rows, 30, num_draft_tokens=gamma, dynamic_gamma=dynamic,
+                                   compile=True, capacity=200)
+    assert graphs.compiled_graphs() - before > 2 * 2
+    monkeypatch.setattr(graphs.StaticRuntime, "warm_up", lambda self, cache, widths: 0.0)
+    monkeypatch.setattr(graphs, "_RUNTIMES", type(graphs._RUNTIMES)())
+    cold = speculative_generate(target, draft, torch.arange(2, 12)[None], 20, compile=True)[1]
+    assert cold.recompiles > 0
+
+
+def test_compile_refuses_prepacked_kernels_with_the_fix(target):
+    from specdraft_eval.errors import SpecdecError
+    from specdraft_eval.models import kernels
+
+    packed = kernels.apply(tiny_llama(seed=0), "onednn")
+    if kernels.kernels_of(packed) != "onednn":
+        pytest.skip("this PyTorch has no oneDNN")
+    with pytest.raises(SpecdecError, match="kernels=plain"):
+        speculative_generate(packed, drafts(packed)["prompt-lookup"], torch.arange(2, 9)[None], 5, compile=True)
+    assert kernels.choose(None, True) == "plain" and kernels.choose(None, False) == "onednn"
+    with pytest.raises(SpecdecError, match="use kernels=plain or leave kernels out"):
+        kernels.choose("onednn", True)
+
+
+def test_an_lm_eval_run_compiles_in_its_warm_up_only_and_records_it(tmp_path, dynamo_only):
+    """``compile=true`` through lm-eval's model: documents of different lengths in batches of 1 and 3, one cache
+    shape for the run (from its longest request), every graph compiled before the first timed step; the record
+    carries the compile time apart and 0 recompiles, and its outputs are the eager run's."""
+    from lm_eval.api.instance import Instance
+
+    from specdraft_eval.integration.lm_eval_model import SpecDecLM
+
+    tiny = save_tiny(tmp_path / "tiny")
+    contexts = [" ".join(f"w{(3 * i + j) % 60 + 2}" for j in range(n)) for i, n in enumerate((4, 17, 9, 30, 12, 6, 21))]
+    outputs = {}
+    for batch_size, compile, gamma in [(1, "true", "dynamic"), (3, "true", "3"), (3, "false", "3")]:
+        requests = [Instance("generate_until", {}, (c, {"until": ["w63"], "max_gen_toks": 24}), i, ("t", i, 0))
+                    for i, c in enumerate(contexts)]
+        for request in requests:
+            request.task_name = "t"
+        extra = {"dynamic_gamma": "true"} if gamma == "dynamic" else {"num_draft_tokens": gamma}
+        lm = SpecDecLM(pretrained=str(tiny), draft="prompt-lookup", device="cpu", compile=compile,
+                       batch_size=batch_size, **extra)
+        outputs[(batch_size, compile, gamma)] = lm.generate_until(requests, disable_tqdm=True)
+        block = lm.specdec_info()
+        if compile == "true":
+            assert block["recompiles"] == 0 and block["compile_seconds"] > 0
+            assert block["runtime"]["compile"] is True and block["runtime"]["kernels"] == "plain"
+            assert lm._capacity >= max(len(lm.tok_encode(c)) for c in contexts) + 24
+    assert len(set(map(tuple, outputs.values()))) == 1

@@ -244,6 +244,9 @@ batch_size: BatchSizeOpt = None,
     from zoo.prompts import load_prompts
 
     sizes = parse_positive_ints(batch_size, "--batch-size") if batch_size is not None else None
+    if sizes and compile:
+        raise SpecdecError("--compile runs compiled configurations beside the comparison's, not in the batch study: "
+                           "drop --batch-size or --compile")
     texts = load_prompts(task, prompts, limit if sizes is None or limit < 1 else max(limit, *sizes))
     plan = BenchPlan(one_gamma(gamma), repeats, max_new_tokens, compile)
     args = (target, drafts or ["prompt-lookup"], texts, plan, load_settings(device, dtype, use_kernels, kernels))

@@ -47,8 +47,10 @@ ContextOpt = Annotated[int, typer.Option(help="With a named GPU: the context (to
 GridOpt = Annotated[bool, typer.Option("--grid", help="Every draft (default: prompt-lookup, layers:0-4 and their "
                                       "composite) at γ 1-4, fixed and dynamic, on both bundled tasks.")]
 DynamicOpt = Annotated[bool, typer.Option("--dynamic", help="Also run every draft and γ with dynamic γ.")]
-CompileOpt = Annotated[bool, typer.Option("--compile", help="Our engine's steps compiled over a static KV cache "
-                                          "(CUDA graphs on a GPU); its plain decoding too.")]
+CompileOpt = Annotated[bool, typer.Option("--compile", help="Also run every configuration compiled, beside the eager "
+                                          "ones: ours with compile=true, transformers' generate with its static cache and "
+                                          "compile (plain kernels; CUDA graphs on a GPU); warm-up seconds and graphs "
+                                          "compiled in timed runs apart.")]
 KernelsOpt = Annotated[str, typer.Option(help="Linear-layer kernels: onednn (weights pre-packed once, CPU float32/bfloat16; "
                                           "what lm_eval --model specdec uses by default) or plain (PyTorch's own).")]
 LayersOpt = Annotated[Optional[int], typer.Option("--layers", "-n", help="Number of decoder layers to keep.")]

@@ -1,9 +1,15 @@
-"""``compile=true``: the target's decode and verification steps through ``torch.compile``.
+"""Static shapes for a whole run, and compiled steps (``static_cache=true`` / ``compile=true``).
 
-On a GPU, ``mode="reduce-overhead"`` captures CUDA graphs (one per input shape: each verification width 1..γ+1,
-per batch size); on the CPU the default mode compiles C++ kernels. It needs a static KV cache (every tensor
-address fixed), which ``DecodeParams.compile`` implies. The prefill stays eager (its length changes with every
-prompt). Where compiling fails, one warning line says so and the step runs eagerly: the output is the same.
+A :class:`StaticRuntime` is what one target keeps across the requests of a run: one ``StaticCache`` per batch
+bucket (rows rounded up to a power of two), allocated once at a capacity that only grows in steps of
+:data:`CAPACITY_STEP` positions and reused by every request, so no tensor changes address from request to request.
+With ``compile=true`` the target's decode and verification steps go through ``torch.compile`` (on a GPU
+``mode="reduce-overhead"``: CUDA graphs) with the step's width and its attention's reach (the filled positions,
+rounded up to ``kv_cache.ATTEND_STEP``) dynamic: one graph for width 1 and one for every wider step serve the whole
+run per batch bucket (on a GPU, one CUDA graph per width and reach). :meth:`StaticRuntime.warm_up` compiles and runs
+every width and reach the run can use before the first timed step, and reports the seconds apart. The prefill stays
+eager (its length changes with every prompt). Where compiling fails, one warning line says so and the step runs
+eagerly from then on: the output is the same.
 """
 
 from __future__ import annotations
@@ -13,27 +19,52 @@ import weakref
 from collections.abc import Callable
 
 import torch
+from transformers import StaticCache
+
+from specdraft_eval.engine.kv_cache import ATTEND_STEP, BatchCache, rollback, static_cache
+from specdraft_eval.errors import SpecdecError
+from specdraft_eval.measure.timers import clock
 
 log = logging.getLogger(__name__)
-_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-RECOMPILE_LIMIT = 64  # widths 1..γ+1 at dynamic γ's largest γ, times batch sizes
+CAPACITY_STEP = 256  # a static cache's positions are a multiple of this
+_RUNTIMES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {compile: StaticRuntime}
+
+
+def bucket(rows: int) -> int:
+    """The batch bucket that ``rows`` rows run in: the next power of two."""
+    return 1 << max(rows - 1, 0).bit_length()
+
+
+def compiled_graphs() -> int:
+    """Graphs ``torch.compile`` has compiled in this process so far (dynamo's own counter)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
 
 
 class CompiledStep:
-    """``model``'s forward, compiled on first use; eager from the first failure on."""
+    """``model``'s forward through ``torch.compile`` with the step's width dynamic; eager from the first failure on."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         from torch._dynamo.exc import TorchDynamoException
         from torch._inductor.exc import InductorError
 
+        from specdraft_eval.models.kernels import kernels_of
+
+        if kernels_of(model) != "plain":
+            raise SpecdecError("compile=true cannot compile oneDNN pre-packed linear layers: load the target with "
+                               "kernels=plain (the compiled step packs its weights itself)")
         self.failures = (TorchDynamoException, InductorError)
         self.model = model
         mode = "reduce-overhead" if model.device.type == "cuda" else None
-        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, RECOMPILE_LIMIT)
         self.compiled: Callable | None = torch.compile(model.forward, mode=mode, dynamic=False)
 
     def __call__(self, **inputs):
         if self.compiled is not None:
+            if inputs["input_ids"].shape[1] > 1:  # one graph for every width above 1, not one per width
+                for name in ("input_ids", "position_ids"):
+                    if inputs.get(name) is not None:
+                        torch._dynamo.maybe_mark_dynamic(inputs[name], 1)
             try:
                 out = self.compiled(**inputs)
                 out.logits = out.logits.clone()  # a CUDA graph's output buffer is overwritten by its next replay
@@ -45,9 +76,55 @@ class CompiledStep:
         return self.model(**inputs)
 
 
-def compiled(model: torch.nn.Module) -> CompiledStep:
-    """The compiled step of ``model`` (one per model, kept while the model lives, so graphs are captured once)."""
-    step = _COMPILED.get(model)
-    if step is None:
-        step = _COMPILED[model] = CompiledStep(model)
-    return step
+class StaticRuntime:
+    """One target's static caches (one per batch bucket, reused by every request) and, with ``compile``, its
+    compiled step, warmed up at every (bucket, width) the run uses before any of them is timed."""
+
+    def __init__(self, model: torch.nn.Module, capacity: int, compile: bool) -> None:
+        self.model, self.capacity = model, capacity
+        self.step = CompiledStep(model) if compile else None
+        self.caches: dict[int, StaticCache] = {}
+        self.warm: set[tuple[int, int]] = set()  # (bucket, width) warmed up
+
+    def cache(self, rows: int) -> BatchCache:
+        """An empty :class:`BatchCache` of ``rows`` rows over this runtime's static cache for their bucket."""
+        size = bucket(rows)
+        static = self.caches.get(size)
+        if static is None:
+            static = self.caches[size] = static_cache(self.model.config, self.capacity)
+        else:
+            rollback(static, 0)
+        return BatchCache(rows, static, size)
+
+    def warm_up(self, cache: BatchCache, widths: range) -> float:
+        """Run each step width not yet run at ``cache``'s bucket, over every attention prefix the capacity allows
+        (on a GPU three times: CUDA-graph warm-up, recording, replay), then drop it from the cache; returns the
+        seconds it took (compilation, recording): time no figure includes."""
+        todo = [w for w in widths if (cache.bucket, w) not in self.warm]
+        if self.step is None or not todo:
+            return 0.0
+        device = self.model.device
+        start, filled = clock(device), cache.columns
+        calls = 3 if device.type == "cuda" else 1
+        saved, cache.step = cache.step, self.step
+        for width in todo:
+            for reach in range(ATTEND_STEP, self.capacity + ATTEND_STEP, ATTEND_STEP):
+                for _ in range(calls):
+                    cache.forward(self.model, [[0] * width] * len(cache.lengths), width, reach)
+                    rollback(cache.cache, filled)
+            self.warm.add((cache.bucket, width))
+        cache.step = saved
+        return clock(device) - start
+
+
+def runtime(model: torch.nn.Module, positions: int, compile: bool) -> StaticRuntime:
+    """``model``'s runtime (compiled or not, as asked) for requests of up to ``positions`` cached positions: the one
+    it has when that holds them, else a new one of ``positions`` rounded up to :data:`CAPACITY_STEP`, which
+    replaces it (so a run's requests share one shape, and its capacity only grows)."""
+    kept = _RUNTIMES.setdefault(model, {})
+    current = kept.get(compile)
+    if current is not None and current.capacity >= positions:
+        return current
+    capacity = -(-positions // CAPACITY_STEP) * CAPACITY_STEP
+    kept[compile] = fresh = StaticRuntime(model, capacity, compile)
+    return fresh

@@ -8,18 +8,62 @@ from collections.abc import Callable
 
 import torch
 from transformers import DynamicCache, StaticCache
-from transformers.cache_utils import Cache
+from transformers.cache_utils import Cache, StaticLayer
 
 from specdraft_eval.errors import SpecdecError
+
+ATTEND_STEP = 256  # a compiled step over a static cache attends over a multiple of this many positions
+
+
+class PrefixLayer(StaticLayer):
+    """A ``StaticLayer`` whose attention reads only a prefix of its preallocated positions: :func:`attend` makes its
+    ``keys``/``values`` views of the first n positions (writes land in the whole tensors), with that length marked
+    dynamic, so one compiled graph serves every n. Steps then cost what a growing cache's do, instead of attending
+    over the whole capacity (10-50% more per step on the CPU at 1024-2048 positions). One position more than the
+    capacity is allocated, so a prefix is always a proper view (one stride pattern for every n)."""
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        super().lazy_initialization(key_states, value_states)
+        self.whole = (self.keys, self.values)  # [rows, kv heads, capacity + 1, head dim]
+        self.views: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # one pair per prefix: the same objects
+
+    def attend(self, positions: int | None) -> None:
+        if positions is None:
+            self.keys, self.values = self.whole
+            return
+        if positions not in self.views:
+            views = tuple(whole[:, :, :positions] for whole in self.whole)
+            for view in views:
+                torch._dynamo.maybe_mark_dynamic(view, 2)
+                torch._dynamo.mark_static_address(view, guard=False)  # CUDA graphs read it in place, not a copy
+            self.views[positions] = views
+        self.keys, self.values = self.views[positions]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return (self.keys.shape[2] if self.is_initialized else self.max_cache_len), 0
+
+
+def static_cache(config, capacity: int) -> StaticCache:
+    """A static cache of ``capacity`` usable positions for a model of ``config``, its full-attention layers
+    :class:`PrefixLayer` (sliding-window layers stay transformers' own)."""
+    cache = StaticCache(config=config, max_cache_len=capacity + 1)
+    for layer in cache.layers:
+        if type(layer) is StaticLayer:
+            layer.__class__ = PrefixLayer
+    return cache
+
+
+def attend(cache: Cache, positions: int | None) -> None:
+    """Let a static cache's :class:`PrefixLayer` layers attend over their first ``positions`` (None: all of them,
+    as before compaction or row moves, which work on the whole tensors)."""
+    for layer in cache.layers:
+        if isinstance(layer, PrefixLayer) and layer.is_initialized:
+            layer.attend(positions)
 
 
 def new_cache(config=None, capacity: int | None = None) -> Cache:
     """A growing cache, or with ``capacity`` a static one of that many positions for a model of ``config``."""
-    return DynamicCache() if capacity is None else StaticCache(config=config, max_cache_len=capacity)
-
-
-def is_static(cache: Cache) -> bool:
-    return isinstance(cache, StaticCache)
+    return DynamicCache() if capacity is None else static_cache(config, capacity)
 
 
 def length(cache: Cache) -> int:
@@ -35,41 +79,36 @@ def rollback(cache: Cache, keep: int) -> None:
         cache.crop(-extra)
 
 
-def select_rows(cache: Cache, index: torch.Tensor) -> None:
-    """Keep only the batch rows ``index`` (in that order)."""
-    for layer in cache.layers:
-        if is_static(cache):
-            layer.keys, layer.values = layer.keys[index], layer.values[index]
-            layer.batch_size = len(index)
-        else:
-            layer.batch_select_indices(index)
-
-
 def forward(model, tokens: list[int], cache: Cache, keep_logits: int) -> torch.Tensor:
     """Run ``tokens`` through ``model`` on top of ``cache``; return the last ``keep_logits`` logits rows."""
     ids = torch.tensor([tokens], dtype=torch.long, device=model.device)
+    attend(cache, length(cache) + len(tokens))  # a draft's steps are eager: over what is filled
     out = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=keep_logits)
     return out.logits[0]
 
 
 class BatchCache:
     """The target's KV cache for a batch of rows of different lengths: one transformers cache over all rows,
-    growing (``DynamicCache``) or, given a ``capacity``, static (``StaticCache``: preallocated, so no tensor
-    changes shape from step to step; rollback moves its length).
+    growing (``DynamicCache``) or static (a ``StaticCache`` handed in, preallocated: no tensor changes shape from
+    step to step; rollback moves its length).
 
     A row may hold *holes*: columns of padding, or of draft tokens its verification rejected while another row's
     were accepted, that stay in the cache but are masked out of attention. ``lengths`` keeps each row's true
     length (its real columns), which gives the position ids of what it feeds next; ``mask`` is None while no row
     has a hole, so a batch of one runs exactly as an unpadded, unmasked forward pass. Holes are squeezed out
-    (:meth:`compact`) once they are half the cache. ``step``, when set, runs the forward passes after the prefill
-    (a compiled forward: :mod:`specdraft_eval.engine.graphs`).
+    (:meth:`compact`) once they are half the cache, or a static cache is full. A static cache has ``bucket`` rows
+    (a power of two, so that batches of similar size share compiled steps): rows past the live ones are *dead*,
+    fed nothing and attending to their first column only, and rows that finish become dead in place; with more
+    than one row it always passes the mask and position ids, so each step's inputs keep one form. ``step``, when
+    set, runs the forward passes after the prefill (a compiled forward: :mod:`specdraft_eval.engine.graphs`).
     """
 
-    def __init__(self, rows: int, config=None, capacity: int | None = None) -> None:
-        self.cache = new_cache(config, capacity)
-        self.capacity = capacity
-        self.mask: torch.Tensor | None = None  # [rows, columns] bool: True where a column holds a real token
-        self.lengths = [0] * rows  # real columns per row
+    def __init__(self, rows: int, static: Cache | None = None, bucket: int | None = None) -> None:
+        self.cache = DynamicCache() if static is None else static
+        self.capacity = None if static is None else static.layers[0].max_cache_len - 1  # usable positions
+        self.bucket = rows if static is None else (bucket or rows)  # rows in the cache, live and dead
+        self.mask: torch.Tensor | None = None  # [bucket, columns] bool: True where a column holds a real token
+        self.lengths = [0] * rows  # real columns per live row
         self.step: Callable | None = None
         self._appended: list[int] = []  # tokens each row fed in the last forward pass
 
@@ -77,75 +116,108 @@ class BatchCache:
     def columns(self) -> int:
         return length(self.cache)
 
-    def forward(self, model, tokens: list[list[int]], keep_logits: int) -> torch.Tensor:
-        """Append each row's ``tokens`` (rows may differ in length: shorter ones are right-padded with masked
+    def forward(self, model, tokens: list[list[int]], keep_logits: int, reach: int = 0) -> torch.Tensor:
+        """Append each live row's ``tokens`` (rows may differ in length: shorter ones are right-padded with masked
         columns) and return the last ``keep_logits`` logits of each row's block, ``[rows, keep_logits, vocab]``.
-        Follow with :meth:`keep`."""
-        width, start = max(len(row) for row in tokens), self.columns
-        if self.capacity is not None and start + width > self.capacity:
-            raise SpecdecError(f"static KV cache of {self.capacity} positions is full: a bug, please report it")
-        device = model.device
+        Follow with :meth:`keep`. A static cache's compiled step attends over the filled positions rounded up to
+        ``ATTEND_STEP`` (one CUDA graph per step of it), or ``reach`` if more (the warm-up visits each)."""
+        live, width = len(tokens), max(len(row) for row in tokens)
+        tokens = tokens + [[]] * (self.bucket - live)  # dead rows feed nothing
+        if self.capacity is not None and self.columns + width > self.capacity:
+            self.compact(full=True)
+            if self.columns + width > self.capacity:
+                raise SpecdecError(f"static KV cache of {self.capacity} positions is full: a bug, please report it")
+        start, device = self.columns, model.device
         ids = torch.tensor([row + [0] * (width - len(row)) for row in tokens], dtype=torch.long, device=device)
-        real = torch.tensor([[j < len(row) for j in range(width)] for row in tokens], device=device)  # [rows, width]
+        real = torch.tensor([[j < len(row) for j in range(width)] for row in tokens], device=device)  # [bucket, width]
         attention = position_ids = None
-        if self.mask is not None or not bool(real.all()):
-            past = self.mask if self.mask is not None else torch.ones(len(tokens), start, dtype=torch.bool,
+        if self.mask is not None or not bool(real.all()) or (self.capacity is not None and self.bucket > 1):
+            past = self.mask if self.mask is not None else torch.ones(self.bucket, start, dtype=torch.bool,
                                                                       device=device)
-            attention = torch.cat([past, real], dim=1).long()  # [rows, columns + width]
-            if self.capacity is not None:  # a static shape: every position, the unwritten ones masked
-                attention = torch.nn.functional.pad(attention, (0, self.capacity - attention.shape[1]))
-            position_ids = (torch.tensor(self.lengths, device=device)[:, None]
-                            + torch.arange(width, device=device)[None, :])  # [rows, width]
+            attention = torch.cat([past, real], dim=1).long()  # [bucket, columns + width]
+            if self.capacity is not None:  # a static shape: every allocated position, the unwritten ones masked
+                attention = torch.nn.functional.pad(attention, (0, self.capacity + 1 - attention.shape[1]))
+            lengths = self.lengths + [0] * (self.bucket - live)
+            position_ids = (torch.tensor(lengths, device=device)[:, None]
+                            + torch.arange(width, device=device)[None, :])  # [bucket, width]
+        if self.capacity is not None:  # what is filled; compiled, rounded up (bounded recompiles and CUDA graphs)
+            need = start + width
+            attend(self.cache, need if self.step is None else
+                   min(self.capacity, max(reach, -(-need // ATTEND_STEP) * ATTEND_STEP)))
         logits = (self.step or model)(input_ids=ids, attention_mask=attention, position_ids=position_ids,
                                       cache=self.cache, use_cache=True,
-                                      logits_to_keep=keep_logits).logits  # [rows, keep_logits, vocab]
-        if not all(tokens):  # a row with nothing real attended to nothing: its padded columns may hold NaN
+                                      logits_to_keep=0 if keep_logits == width else keep_logits
+                                      ).logits  # [bucket, keep_logits, vocab]
+        if not all(tokens if start == 0 else tokens[:live]):
+            # a row with nothing real attended to nothing: its padded columns may hold NaN
             for layer in self.cache.layers:
                 layer.keys[..., start:start + width, :].nan_to_num_(0.0)
                 layer.values[..., start:start + width, :].nan_to_num_(0.0)
         self._appended = [len(row) for row in tokens]
-        return logits
+        return logits[:live]
 
     def keep(self, counts: list[int]) -> None:
-        """After :meth:`forward`: keep the first ``counts[i]`` appended columns of row i; the rest become holes
+        """After :meth:`forward`: keep the first ``counts[i]`` appended columns of live row i; the rest become holes
         (or are cropped, where no row kept them)."""
+        live = len(counts)
+        counts = counts + [0] * (self.bucket - live)
         most = max(counts)
         rollback(self.cache, self.columns - max(self._appended) + most)
         device = self.mask.device if self.mask is not None else self.cache.layers[0].keys.device
-        kept = torch.arange(most, device=device)[None, :] < torch.tensor(counts, device=device)[:, None]  # [rows, most]
+        kept = torch.arange(most, device=device)[None, :] < torch.tensor(counts, device=device)[:, None]  # [bucket, most]
         if self.mask is not None or not bool(kept.all()):
-            past = self.mask if self.mask is not None else torch.ones(len(counts), self.columns - most,
+            past = self.mask if self.mask is not None else torch.ones(self.bucket, self.columns - most,
                                                                       dtype=torch.bool, device=device)
-            self.mask = torch.cat([past, kept], dim=1)  # [rows, columns]
-        self.lengths = [length + count for length, count in zip(self.lengths, counts, strict=True)]
+            self.mask = torch.cat([past, kept], dim=1)  # [bucket, columns]
+            self.mask[live:, 0] = True  # a dead row attends to its first column: never to nothing
+        self.lengths = [length + count for length, count in zip(self.lengths, counts[:live], strict=True)]
         self.compact()
 
     def rollback(self, length: int) -> None:
         """A batch of one without holes: drop cached positions past ``length``."""
-        if self.mask is not None or len(self.lengths) != 1:
+        if self.mask is not None or self.bucket != 1:
             raise ValueError("rollback is for a batch of one row without holes")
         rollback(self.cache, length)
         self.lengths = [min(self.lengths[0], length)]
 
     def select(self, rows: list[int]) -> None:
-        """Keep only ``rows`` (the others have finished)."""
-        index = torch.tensor(rows, dtype=torch.long, device=self.cache.layers[0].keys.device)
-        select_rows(self.cache, index)
-        self.mask = self.mask[index] if self.mask is not None else None
+        """Keep only the live ``rows`` (the others have finished): a growing cache drops the others, a static one
+        moves the kept rows first, in place, and the others become dead."""
+        attend(self.cache, None)
+        device = self.cache.layers[0].keys.device
         self.lengths = [self.lengths[i] for i in rows]
+        if self.capacity is None:
+            index = torch.tensor(rows, dtype=torch.long, device=device)
+            for layer in self.cache.layers:
+                layer.batch_select_indices(index)
+            self.mask = self.mask[index] if self.mask is not None else None
+            self.bucket = len(rows)
+        else:
+            order = rows + [i for i in range(self.bucket) if i not in rows]
+            index = torch.tensor(order, dtype=torch.long, device=device)
+            for layer in self.cache.layers:
+                layer.keys.copy_(layer.keys[index])
+                layer.values.copy_(layer.values[index])
+            mask = self.mask if self.mask is not None else torch.ones(self.bucket, self.columns, dtype=torch.bool,
+                                                                     device=device)
+            self.mask = mask[index]
+            self.mask[len(rows):] = False
+            self.mask[len(rows):, 0] = True
         self.compact()
 
-    def compact(self) -> None:
-        """Squeeze out holes once they fill half the cache: each row's real columns, in order, right-aligned."""
-        if self.mask is None or self.columns < 2 * max(self.lengths) + 16:
+    def compact(self, full: bool = False) -> None:
+        """Squeeze out holes once they fill half the cache (or, ``full``, now): each row's real columns, in order,
+        right-aligned."""
+        if self.mask is None or (not full and self.columns < 2 * max(self.lengths) + 16):
             return
+        attend(self.cache, None)
         longest, columns = max(self.lengths), self.columns
-        order = torch.sort(self.mask.int(), dim=1, stable=True).indices  # [rows, columns]: holes first
-        index = order[:, -longest:]  # [rows, longest]
+        order = torch.sort(self.mask.int(), dim=1, stable=True).indices  # [bucket, columns]: holes first
+        index = order[:, -longest:]  # [bucket, longest]
         self.mask = torch.gather(self.mask, 1, index)
         for layer in self.cache.layers:
             heads, dim = layer.keys.shape[1], layer.keys.shape[3]
-            spread = index[:, None, :, None].expand(-1, heads, -1, dim)  # [rows, heads, longest, head_dim]
+            spread = index[:, None, :, None].expand(-1, heads, -1, dim)  # [bucket, heads, longest, head_dim]
             keys, values = layer.keys[:, :, :columns].gather(2, spread), layer.values[:, :, :columns].gather(2, spread)
             if self.capacity is None:
                 layer.keys, layer.values = keys, values

@@ -57,10 +57,10 @@ def _finish(tokens: list[int], eos: set[int], max_new_tokens: int) -> tuple[list
     return tokens[:max_new_tokens], len(tokens) >= max_new_tokens
 
 
-def prefill(target, prompts: list[list[int]], capacity: int | None = None) -> BatchCache:
-    """The target's cache over every prompt but its last token (the first step feeds that one); static with
-    ``capacity`` positions when given."""
-    cache = BatchCache(len(prompts), target.config, capacity)
+def prefill(target, prompts: list[list[int]], cache: BatchCache | None = None) -> BatchCache:
+    """Fill ``cache`` (default: a new growing one) with every prompt but its last token (the first step feeds
+    that one); the prefill runs eagerly, whatever ``cache.step`` is."""
+    cache = cache or BatchCache(len(prompts))
     if any(len(prompt) > 1 for prompt in prompts):
         cache.forward(target, [prompt[:-1] for prompt in prompts], 1)
         cache.keep([len(prompt) - 1 for prompt in prompts])
@@ -139,15 +139,19 @@ def _decode(target, draft: Drafter, prompts: list[list[int]], params: DecodePara
     largest_gamma = controller.max_gamma if controller else params.num_draft_tokens
     longest = max(map(len, prompts)) + max_new_tokens + largest_gamma  # the most positions a row can hold
     start = clock(device)
-    # a static cache holds the longest row, and in a batch its holes until compaction (at twice the longest + 16)
-    capacity = (longest if len(prompts) == 1 else 2 * longest + 16) if params.static_cache else None
+    static = None
+    if params.static_cache:  # one shape for the run: the target's runtime, grown only when a request needs more
+        static = graphs.runtime(target, max(longest + 1, params.capacity or 0), params.compile)
     tap = FeatureTap(target, draft.taps) if draft.taps else None
     try:
-        cache = prefill(target, prompts, capacity)
+        cache = prefill(target, prompts, static.cache(len(prompts)) if static else None)
         prefilled = tap.take() if tap else None  # [rows, longest prompt - 1, features]
-        if params.compile:
-            cache.step = graphs.compiled(target)
+        warm_up = static.warm_up(cache, range(1, largest_gamma + 2)) if static else 0.0  # before any timed step
+        if tap:
+            tap.take()  # the warm-up's features: nobody's
+        cache.step = static.step if static else None
         decode_start = clock(device)
+        compiles = graphs.compiled_graphs()
         rows = [_Row(i, prompt, draft.fork() if len(prompts) > 1 else draft, params.sampler(device), stop)
                 for i, (prompt, stop) in enumerate(zip(prompts, stops, strict=True))]
         for row in rows:
@@ -164,7 +168,8 @@ def _decode(target, draft: Drafter, prompts: list[list[int]], params: DecodePara
         row.stats.generated_tokens = len(row.new)
         row.stats.end_request()
         total += row.stats
-    total.prefill_seconds = decode_start - start
+    total.prefill_seconds = decode_start - start - warm_up
+    total.compile_seconds, total.recompiles = warm_up, graphs.compiled_graphs() - compiles
     total.draft_seconds, total.verify_seconds = draft_seconds, verify_seconds
     total.decode_seconds = clock(device) - decode_start
     return [row.new for row in sorted(finished, key=lambda r: r.index)], total
@@ -216,7 +221,8 @@ def autoregressive_generate_batch(target, prompts: Sequence, params: DecodeParam
     baseline): the speculative loop with a draft that proposes nothing. Stats hold baseline tokens and seconds."""
     params = replace(DecodeParams.of(params, **settings), num_draft_tokens=1, dynamic_gamma=False)
     outputs, stats = speculative_generate_batch(target, _NoDraft(), prompts, params, stops=stops)
-    return outputs, GenerationStats(baseline_tokens=stats.generated_tokens, baseline_seconds=stats.decode_seconds)
+    return outputs, GenerationStats(baseline_tokens=stats.generated_tokens, baseline_seconds=stats.decode_seconds,
+                                    compile_seconds=stats.compile_seconds, recompiles=stats.recompiles)
 
 
 def autoregressive_generate(target, input_ids, params: DecodeParams | int | None = None, *,

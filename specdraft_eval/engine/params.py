@@ -29,9 +29,11 @@ class DecodeParams:
     top_p: float = 1.0
     seed: int | None = None
     eos_token_id: int | Sequence[int] | None = None
-    static_cache: bool = False  # the target's and model drafts' KV caches preallocated to the request's budget
+    static_cache: bool = False  # the target's and model drafts' KV caches preallocated (engine.graphs)
     compile: bool = False  # the target's decode and verification steps compiled (CUDA graphs on a GPU); implies
     # static_cache, which __post_init__ sets
+    capacity: int | None = None  # static cache positions to allocate at least: a run's longest request, so that
+    # every request of the run shares one shape (None: this request's own)
 
     def __post_init__(self) -> None:
         if self.compile:
@@ -39,6 +41,8 @@ class DecodeParams:
         gamma = self.num_draft_tokens
         if not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 1:
             raise SpecdecError(f"num_draft_tokens must be an integer >= 1 (got {gamma!r})")
+        if self.capacity is not None and (not isinstance(self.capacity, int) or self.capacity < 1):
+            raise SpecdecError(f"capacity must be a positive integer (got {self.capacity!r})")
         if self.max_new_tokens < 0:
             raise SpecdecError(f"max_new_tokens must be >= 0 (got {self.max_new_tokens})")
         Sampler(self.do_sample, self.temperature, self.top_k, self.top_p)  # one-line errors for bad sampling

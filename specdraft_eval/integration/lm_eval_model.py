@@ -93,7 +93,9 @@ class SpecDecLM(HFLM):
     ``layers:SPEC``, a draft model, ``A|B``, or ``auto``: :func:`~specdraft_eval.integration.recommend.resolve_auto`, whose
     γ and dynamic γ apply unless given), ``num_draft_tokens`` (γ, default 4), ``dynamic_gamma``,
     ``baseline`` (also time plain decoding of every request, for speedup), ``seed``, ``kernels`` (``onednn``:
-    pre-packed CPU linears, the default; ``plain``: PyTorch's own), ``score`` (``target``, the default, or
+    pre-packed CPU linears, the default; ``plain``: PyTorch's own, the default with ``compile``), ``static_cache``
+    (one preallocated KV cache shape for the whole run), ``compile`` (compiled steps over it, warmed up before
+    the clock starts; the compile time is reported apart), ``score`` (``target``, the default, or
     ``draft``: log-likelihood requests are scored by the draft's own model, for its language-modelling quality),
     plus what ``hf`` takes.
     """
@@ -107,7 +109,7 @@ class SpecDecLM(HFLM):
         baseline: bool = False,
         seed: int | None = None,
         device: str | None = None,
-        kernels: str = kernel_paths.DEFAULT,
+        kernels: str | None = None,
         use_kernels: bool = False,
         static_cache: bool = False,
         compile: bool = False,
@@ -124,7 +126,7 @@ class SpecDecLM(HFLM):
         if score not in SCORED:
             raise SpecdecError(f"model_args score={score!r}: use score=target or score=draft")
         self.score = score
-        kernel_paths.check(kernels)
+        kernels = kernel_paths.choose(kernels, self.compile)
         self.target_name = pretrained if isinstance(pretrained, str) else type(pretrained).__name__
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         # checked before the model loads; None: the default, or what draft=auto resolves to
@@ -177,6 +179,7 @@ class SpecDecLM(HFLM):
         self._mismatch_details: list[Divergence] = []
         self._task = "default"
         self._merged: SpecdecRecord | None = None
+        self._capacity: int | None = None  # static cache positions for the run (generate_until sets it)
 
     # --- generation ------------------------------------------------------------------------------
 
@@ -194,6 +197,8 @@ class SpecDecLM(HFLM):
             else:
                 by_task[request.task_name or "default"].append(i)
         results: list[str] = [""] * len(requests)
+        if self.static_cache and by_task:  # one cache shape for every request of the run
+            self._capacity = max(self._positions(requests[i]) for indices in by_task.values() for i in indices)
         for task, indices in by_task.items():
             self._task = task
             outputs = super().generate_until([requests[i] for i in indices], disable_tqdm)
@@ -207,6 +212,14 @@ class SpecDecLM(HFLM):
         if self.rank == 0 and by_task:
             print(table(self._merged or self._record()), flush=True)
         return results
+
+    def _positions(self, request) -> int:
+        """The most KV cache positions ``request`` can fill: its context as HFLM truncates it, its token budget, and
+        one verification's draft tokens."""
+        context, gen_kwargs = request.args[0], request.args[1]
+        budget = int(gen_kwargs.get("max_gen_toks", self.max_gen_toks))
+        largest = self._gamma_controller.max_gamma if self._gamma_controller else self.num_draft_tokens
+        return min(len(self.tok_encode(context)), self.max_length - budget) + budget + largest + 1
 
     def _model_generate(self, context, max_length: int, stop: list[str], **generation_kwargs) -> torch.Tensor:
         attention_mask = generation_kwargs.pop("attention_mask", None)
@@ -222,7 +235,7 @@ class SpecDecLM(HFLM):
             max_length - context.shape[1], self.num_draft_tokens, do_sample=do_sample,
             temperature=temperature if do_sample else 1.0, top_k=int(generation_kwargs.get("top_k", 0) or 0),
             top_p=float(generation_kwargs.get("top_p", 1.0) or 1.0), seed=self.seed, static_cache=self.static_cache,
-            compile=self.compile)
+            compile=self.compile, capacity=self._capacity)
         prompts = [(context[row] if attention_mask is None else context[row][attention_mask[row].bool()]).tolist()
                    for row in range(context.shape[0])]
         outputs, stats = speculative_generate_batch(self.model, self._drafter, prompts, params,
@@ -303,7 +316,8 @@ class SpecDecLM(HFLM):
             dtype=dtype_name(self.model.dtype),
             use_kernels=self.use_kernels,
             runtime={"static_cache": self.static_cache, "compile": self.compile, "score": self.score,
-                     "attention": getattr(self.model.config, "_attn_implementation", None)},
+                     "attention": getattr(self.model.config, "_attn_implementation", None),
+                     "kernels": kernel_paths.kernels_of(self.model)},
         )
 
     def specdec_info(self) -> dict:

@@ -40,7 +40,7 @@ class GenerationStats:
     """What one or more speculative generations did. Add two with ``+`` to aggregate.
 
     Times are seconds. ``decode_seconds`` excludes the target's prompt prefill (identical work with
-    or without a draft); the draft's own prompt processing counts as draft time. ``request_tars`` holds
+    or without a draft) and ``compile_seconds`` (compiling and warming up the steps, before the clock starts); the draft's own prompt processing counts as draft time. ``request_tars`` holds
     each request's own TAR (tokens emitted per step), in the order the requests ran; ``prompt_tokens`` the
     speculative requests' prompt lengths, summed.
     """
@@ -62,6 +62,8 @@ class GenerationStats:
     request_tars: list[float] = field(default_factory=list)
     prompt_tokens: int = 0
     baseline_mismatches: int = 0  # greedy requests whose output differed from plain decoding's
+    compile_seconds: float = 0.0  # compiling and warming up the steps (compile=true): outside every other time
+    recompiles: int = 0  # graphs compiled during timed steps: 0 when the warm-up covered every shape
 
     def __add__(self, other: GenerationStats) -> GenerationStats:
         merged = {}
@@ -184,6 +186,8 @@ class GenerationStats:
             "baseline_tokens_per_second": self.baseline_tokens_per_second,
             "speedup": self.speedup,
             "loop_overhead": self.loop_overhead,
+            "compile_seconds": self.compile_seconds,
+            "recompiles": self.recompiles,
         }
 
 

@@ -11,9 +11,13 @@ PyTorch's own ``nn.Linear``.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from specdraft_eval.errors import SpecdecError
+
+log = logging.getLogger(__name__)
 
 KERNELS = ("onednn", "plain")
 DEFAULT = "onednn"
@@ -42,6 +46,19 @@ class PackedLinear(torch.nn.Module):
 def check(kernels: str) -> str:
     if kernels not in KERNELS:
         raise SpecdecError(f"kernels={kernels!r} is unknown: use kernels=onednn (pre-packed CPU weights) or kernels=plain")
+    return kernels
+
+
+def choose(kernels: str | None, compile: bool) -> str:
+    """The kernels a run uses: ``kernels`` checked, or by default ``onednn``, and ``plain`` with ``compile``
+    (``torch.compile`` cannot lower oneDNN's pre-packed weights; it packs plain weights itself)."""
+    if kernels is None:
+        if compile:
+            log.info("compile=true runs kernels=plain: the compiled step packs its weights itself")
+        return "plain" if compile else DEFAULT
+    if check(kernels) == "onednn" and compile:
+        raise SpecdecError("compile=true with kernels=onednn: pre-packed oneDNN weights do not compile; use "
+                           "kernels=plain or leave kernels out")
     return kernels
 
 

@@ -8,8 +8,9 @@ from dataclasses import asdict, dataclass, field
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.measure.profiles import Spread
 
-SCHEMA_VERSION = 4  # 2: kernels, mismatched_prompts, vs_plain_assisted; 3: mismatch_logit_margins, numerics,
-# lossless, compile, the "specdraft plain" row and vs_ours_plain; the in-run "prediction" removed; 4: spreads carry n
+SCHEMA_VERSION = 5  # 2: kernels, mismatched_prompts, vs_plain_assisted; 3: mismatch_logit_margins, numerics,
+# lossless, compile, the "specdraft plain" row and vs_ours_plain; the in-run "prediction" removed; 4: spreads carry n;
+# 5: compiled rows beside the eager ones (compiled, warm_up_seconds, timed_compiles)
 NEAR_TIE_LOGIT_MARGIN = 0.5
 """In bfloat16/float16, a divergence whose logit margin is at most this is counted as numerics, not a bug."""
 AUTOREGRESSIVE, ASSISTED, OURS, OURS_DYNAMIC, OURS_PLAIN = (
@@ -18,7 +19,8 @@ AUTOREGRESSIVE, ASSISTED, OURS, OURS_DYNAMIC, OURS_PLAIN = (
 
 @dataclass(frozen=True)
 class BenchPlan:
-    """How ``zoo bench`` times each configuration: γ, repeats, tokens per generation, compiled steps."""
+    """How ``zoo bench`` times each configuration: γ, repeats, tokens per generation, and whether compiled
+    configurations run beside the eager ones."""
 
     gamma: int
     repeats: int
@@ -60,6 +62,9 @@ class BenchRow:
     vs_assisted: Spread | None = None
     vs_plain_assisted: Spread | None = None
     memory_ok: bool | None = None
+    compiled: bool = False
+    warm_up_seconds: float = 0.0  # the first call, compilation included, outside the timed runs
+    timed_compiles: int = 0  # graphs compiled during the timed runs (0: the warm-up covered every shape)
 
     @property
     def identical(self) -> bool:
@@ -73,7 +78,8 @@ class BenchRow:
                 "mismatched_prompts": self.mismatched_prompts, "mismatch_logit_margins": self.mismatch_logit_margins,
                 "numerics": self.numerics, "generated_tokens": self.generated_tokens, **spreads,
                 "overhead": self.overhead, "peak_mb": self.peak_mb, "draft_weights_mb": self.draft_weights_mb,
-                **asdict(self.steps), "memory_ok": self.memory_ok}
+                **asdict(self.steps), "memory_ok": self.memory_ok, "compiled": self.compiled,
+                "warm_up_seconds": self.warm_up_seconds, "timed_compiles": self.timed_compiles}
 
 
 @dataclass
@@ -114,7 +120,7 @@ def check_lossless(result: BenchResult, prompts: list[str]) -> str:
             if not near_tie(margin, result.dtype):
                 where = "" if margin is None else f" with a logit margin of {margin:.3g}"
                 raise SpecdecError(
-                    f"{row.engine} ({row.draft}, {row.kernels} kernels) differs from the target's greedy "
+                    f"{row.engine} ({row.draft}, {row.kernels} kernels{', compiled' if row.compiled else ''}) differs from the target's greedy "
                     f"generate on prompt {i} ({prompts[i][:40]!r}...){where}: this is a losslessness bug, please "
                     "report it")
         numerics += row.numerics

@@ -4,9 +4,12 @@ Per draft and prompt, interleaved and after a warm-up, greedy: the target's auto
 ``generate``; transformers' assisted generation with the same draft at a constant γ; our engine at the
 same γ and with dynamic γ. All of these run the same kernels (``specdraft_eval.models.kernels``); when those are
 the pre-packed ones, transformers' autoregressive and assisted generation also run once more on a plain copy
-of the models, which is what a user would otherwise run. Every output must equal the autoregressive one
-token for token. Wall time is split into the target's and the draft's forward passes (module hooks) and the
-rest (engine overhead).
+of the models, which is what a user would otherwise run. With ``compile``, the same configurations also run
+compiled beside the eager ones: ours with ``compile=true`` (one static cache shape for the bench, every width
+compiled in the warm-up) and transformers' ``generate`` with its own static cache and compilation, both on plain
+kernels (what compiles); each row gives its warm-up seconds (compilation included) and the graphs compiled during
+its timed runs apart. Every output must equal the autoregressive one token for token. Wall time is split into the
+target's and the draft's forward passes (module hooks) and the rest (engine overhead).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import torch
 
 from specdraft_eval.drafts.model import ModelDrafter
 from specdraft_eval.drafts.prompt_lookup import PromptLookupDrafter
+from specdraft_eval.engine import graphs
 from specdraft_eval.engine.drafter import Drafter
 from specdraft_eval.engine.gamma import GammaController
 from specdraft_eval.engine.loop import (
@@ -69,9 +73,12 @@ class Config:
     engine: str
     target: torch.nn.Module
     drafter: Drafter | None = None
+    compiled: bool = False  # ours: compile=true; transformers: its static cache, compiled
     runs: list[list[Run]] = field(default_factory=list)  # [repeat][prompt]
     peak_mb: float | None = None
     controller: GammaController | None = None  # dynamic γ: one per configuration, learning across its runs
+    warm_up_seconds: float = 0.0  # the first call's wall time, compilation included: outside every timed run
+    timed_compiles: int = 0  # graphs compiled during the timed runs
 
     @property
     def kernels(self) -> str:
@@ -101,6 +108,16 @@ def _constant(gamma: int) -> dict:
             "assistant_confidence_threshold": 0.0}
 
 
+def _compile_config(device: torch.device):
+    """transformers' automatic compilation of ``generate``'s decoding step: its defaults on a GPU (CUDA graphs); on
+    the CPU, where it does not compile unless told to, inductor's default mode."""
+    from transformers import CompileConfig
+
+    config = CompileConfig() if device.type == "cuda" else CompileConfig(mode="default")
+    config._compile_all_devices = device.type != "cuda"
+    return config
+
+
 @contextmanager
 def _assistant_settings(kwargs: dict):
     """transformers reads the assistant's schedule from the assistant's own generation config, not from
@@ -118,9 +135,11 @@ def _assistant_settings(kwargs: dict):
         assistant.generation_config = saved
 
 
-def configurations(target, drafters: list, gamma: int, plain: tuple | None = None) -> list[Config]:
+def configurations(target, drafters: list, gamma: int, plain: tuple | None = None,
+                   compile: bool = False) -> list[Config]:
     """The autoregressive reference first; per draft assisted (where transformers has it), ours, ours
-    dynamic; then, given ``plain`` = (plain-kernel target, its drafters), transformers' runs on those."""
+    dynamic; then, given ``plain`` = (plain-kernel target, its drafters), transformers' runs on those; with
+    ``compile``, the autoregressive and our configurations again, compiled, on the plain-kernel models."""
     configs = [Config(AUTOREGRESSIVE, target), Config(OURS_PLAIN, target)]
     for drafter in drafters:
         if assisted_kwargs(drafter, gamma) is not None:
@@ -130,16 +149,20 @@ def configurations(target, drafters: list, gamma: int, plain: tuple | None = Non
         plain_target, plain_drafters = plain
         configs.append(Config(AUTOREGRESSIVE, plain_target))
         configs += [Config(ASSISTED, plain_target, d) for d in plain_drafters if assisted_kwargs(d, gamma) is not None]
+    if compile:
+        model, models_drafters = plain if plain is not None else (target, drafters)
+        configs += [Config(AUTOREGRESSIVE, model, compiled=True), Config(OURS_PLAIN, model, compiled=True)]
+        configs += [Config(engine, model, d, compiled=True) for d in models_drafters for engine in (OURS, OURS_DYNAMIC)]
     return configs
 
 
 class Bench:
     """Runs configurations on prompts and keeps every run."""
 
-    def __init__(self, configs: list[Config], gamma: int, max_new_tokens: int, compile: bool = False) -> None:
+    def __init__(self, configs: list[Config], gamma: int, max_new_tokens: int, capacity: int) -> None:
         from transformers import GenerationConfig
 
-        self.gamma, self.max_new_tokens, self.compile = gamma, max_new_tokens, compile
+        self.gamma, self.max_new_tokens, self.capacity = gamma, max_new_tokens, capacity
         eos = configs[0].target.generation_config.eos_token_id
         self.generation_config = GenerationConfig(
             max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos,
@@ -151,12 +174,15 @@ class Bench:
         budget = max_new_tokens or self.max_new_tokens
         if config.engine == OURS_DYNAMIC and config.controller is None:
             config.controller = GammaController.around(self.gamma)
+        runtime = {"compile": config.compiled, "capacity": self.capacity}  # one static shape for the whole bench
         if config.engine == OURS_PLAIN:
-            return lambda: autoregressive_generate(config.target, ids, budget, compile=self.compile)
+            return lambda: autoregressive_generate(config.target, ids, budget, **runtime)
         if config.engine in (OURS, OURS_DYNAMIC):
             return lambda: speculative_generate(config.target, config.drafter, ids, budget, num_draft_tokens=self.gamma,
-                                                compile=self.compile, gamma_controller=config.controller)
+                                                gamma_controller=config.controller, **runtime)
         kwargs = assisted_kwargs(config.drafter, self.gamma) if config.engine == ASSISTED else {}
+        if config.compiled:
+            kwargs = {"cache_implementation": "static", "compile_config": _compile_config(config.target.device)}
         generation_config = self.generation_config.__class__(**{**self.generation_config.to_diff_dict(),
                                                                  "max_new_tokens": budget})
 
@@ -168,14 +194,22 @@ class Bench:
 
         return run
 
+    def warm_up(self, config: Config, ids: torch.Tensor) -> None:
+        """The first call at the bench's shapes, timed apart: kernel and allocator set-up, and compilation."""
+        start = clock(config.target.device)
+        self.generate(config, ids, min(16, self.max_new_tokens))()
+        config.warm_up_seconds = clock(config.target.device) - start
+
     def run(self, config: Config, ids: torch.Tensor) -> Run:
         draft_timer = ForwardTimer(config.draft_model)
         target_timer = self.timers[id(config.target)]
         fn = self.generate(config, ids)
         target_timer.take()
+        compiles = graphs.compiled_graphs()
         start = clock(config.target.device)
         tokens, stats = fn()
         wall = clock(config.target.device) - start
+        config.timed_compiles += graphs.compiled_graphs() - compiles
         run = Run(ids.shape[1], tokens, wall, target_timer.take(), draft_timer.take(), stats)
         draft_timer.close()
         return run
@@ -194,11 +228,12 @@ def run_bench(target, target_name: str, tokenizer, drafters: list, prompts: list
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()  # assisted generation warns about its own defaults on every call
-    configs = configurations(target, drafters, gamma, plain)
-    bench = Bench(configs, gamma, max_new_tokens, compile)
+    configs = configurations(target, drafters, gamma, plain, compile)
     ids = [tokenizer(p, return_tensors="pt").input_ids.to(target.device) for p in prompts]
-    for config in configs:  # warm-up: first calls at new shapes pay for kernel and allocator set-up
-        bench.generate(config, ids[0], min(16, max_new_tokens))()
+    largest = GammaController.around(gamma).max_gamma  # dynamic γ's widest step
+    bench = Bench(configs, gamma, max_new_tokens, max(len(i[0]) for i in ids) + max_new_tokens + largest + 1)
+    for config in configs:
+        bench.warm_up(config, ids[0])
     for _ in range(repeats):
         runs = {id(c): [] for c in configs}
         for prompt in ids:
@@ -226,7 +261,7 @@ def summarise(configs: list[Config], target, target_name: str, gamma: int, max_n
 
     reference = configs[0]
     assisted = {(c.draft, c.kernels): c for c in configs if c.engine == ASSISTED}
-    ours_plain = next(c for c in configs if c.engine == OURS_PLAIN)
+    ours_plain = {c.compiled: c for c in configs if c.engine == OURS_PLAIN}  # eager and compiled beside each other
     rows = []
     for config in configs:
         rates = [_tps(runs) for runs in config.runs]
@@ -249,11 +284,12 @@ def summarise(configs: list[Config], target, target_name: str, gamma: int, max_n
         rows.append(BenchRow(
             config.engine, config.kernels, config.draft, gamma if config.drafter else None,
             config.engine == OURS_DYNAMIC, mismatched, margins, sum(near_tie(m, dtype_name(target.dtype)) for m in margins),
-            sum(len(r.tokens) for r in flat), Spread.of(rates), versus(reference), versus(ours_plain),
+            sum(len(r.tokens) for r in flat), Spread.of(rates), versus(reference), versus(ours_plain[config.compiled]),
             1 - (target_s + draft_s) / wall, config.peak_mb, draft_only / 2**20,
             _step_figures(config, flat, target_s, draft_s),
             versus(assisted.get((config.draft, config.kernels)) if ours else None),
-            versus(assisted.get((config.draft, "plain")) if ours else None)))
+            versus(assisted.get((config.draft, "plain")) if ours else None),
+            compiled=config.compiled, warm_up_seconds=config.warm_up_seconds, timed_compiles=config.timed_compiles))
     ar_peak = reference.peak_mb
     for row in rows:
         row.memory_ok = (row.peak_mb <= (ar_peak + row.draft_weights_mb) * 1.10) if ar_peak else None
