@@ -12,14 +12,58 @@ from specdraft_eval.engine.sampling import Sampler
 
 @dataclass
 class Proposal:
-    """Drafted tokens, and when the draft sampled, the warped distribution each came from.
+    """Drafted tokens, as one chain or as a tree of candidate continuations, and when the draft sampled, the warped
+    distribution each came from.
 
-    ``probs`` is ``[len(tokens), vocab]``, or None for a deterministic proposal (one-hot at each
-    token: greedy model drafts and prompt lookup), which rejection sampling handles exactly.
+    ``parents`` None: a chain (token i follows token i - 1). Otherwise token i follows ``parents[i]``, -1 being the
+    last emitted token (the root), every parent before its children (a chain is ``[-1, 0, 1, ...]``); the target
+    verifies every node in one pass and keeps the longest path it agrees with. ``probs`` is ``[len(tokens), vocab]``
+    for a sampled chain, or None for a deterministic proposal (one-hot at each token: greedy model drafts, prompt
+    lookup, top-k and lookup trees), which rejection sampling handles exactly, several children at once for trees.
     """
 
     tokens: list[int]
     probs: torch.Tensor | None = None
+    parents: list[int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.parents is not None:
+            if len(self.parents) != len(self.tokens) or any(not -1 <= p < i for i, p in enumerate(self.parents)):
+                raise ValueError(f"a tree's parents must come before their children: {self.parents}")
+            if self.probs is not None:
+                raise ValueError("a tree's nodes must not depend on the draft's random draws (probs=None)")
+
+    @property
+    def tree(self) -> list[int]:
+        """Each node's parent (-1: the root): ``parents``, or a chain's."""
+        return self.parents if self.parents is not None else list(range(-1, len(self.tokens) - 1))
+
+    @property
+    def depth(self) -> int:
+        """Nodes on the longest root-to-leaf path (a chain: its length)."""
+        depths: list[int] = []
+        for parent in self.tree:
+            depths.append(1 + (depths[parent] if parent >= 0 else 0))
+        return max(depths, default=0)
+
+
+def merge(continuations: list[list[int]], budget: int) -> Proposal:
+    """Continuations of the same sequence merged into one token tree (shared prefixes once), breadth first across
+    them in their order, at most ``budget`` nodes: one continuation is a chain, several are as wide at depth 1 as
+    they disagree there. An empty list proposes nothing."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    node_of: dict[tuple[int, ...], int] = {}  # a prefix -> its node
+    for depth in range(max(map(len, continuations), default=0)):
+        for continuation in continuations:
+            prefix = tuple(continuation[: depth + 1])
+            if len(prefix) == depth + 1 and prefix not in node_of:
+                if len(tokens) == budget:
+                    return Proposal(tokens, parents=parents) if len(continuations) > 1 else Proposal(tokens)
+                node_of[prefix] = len(tokens)
+                tokens.append(prefix[-1])
+                parents.append(node_of[prefix[:-1]] if depth else -1)
+    return Proposal(tokens, parents=parents) if len(continuations) > 1 else Proposal(tokens)
 
 
 class Drafter(Protocol):

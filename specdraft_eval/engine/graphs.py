@@ -26,7 +26,7 @@ from specdraft_eval.errors import SpecdecError
 from specdraft_eval.measure.timers import clock
 
 log = logging.getLogger(__name__)
-CAPACITY_STEP = 256  # a static cache's positions are a multiple of this
+CAPACITY_STEP = ATTEND_STEP  # a static cache's positions are a multiple of this (and of every compiled reach)
 _RUNTIMES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {compile: StaticRuntime}
 
 

@@ -25,19 +25,21 @@ class PrefixLayer(StaticLayer):
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         super().lazy_initialization(key_states, value_states)
         self.whole = (self.keys, self.values)  # [rows, kv heads, capacity + 1, head dim]
-        self.views: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # one pair per prefix: the same objects
+        self.views: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # per compiled reach: the same objects
 
     def attend(self, positions: int | None) -> None:
         if positions is None:
             self.keys, self.values = self.whole
-            return
-        if positions not in self.views:
-            views = tuple(whole[:, :, :positions] for whole in self.whole)
-            for view in views:
-                torch._dynamo.maybe_mark_dynamic(view, 2)
-                torch._dynamo.mark_static_address(view, guard=False)  # CUDA graphs read it in place, not a copy
-            self.views[positions] = views
-        self.keys, self.values = self.views[positions]
+        elif positions % ATTEND_STEP:  # an eager step's exact prefix: a view for this call only
+            self.keys, self.values = (whole[:, :, :positions] for whole in self.whole)
+        else:  # a compiled step's reach: the same view objects every time, marked for dynamo and CUDA graphs
+            if positions not in self.views:
+                views = tuple(whole[:, :, :positions] for whole in self.whole)
+                for view in views:
+                    torch._dynamo.maybe_mark_dynamic(view, 2)
+                    torch._dynamo.mark_static_address(view, guard=False)  # CUDA graphs read it in place, no copy
+                self.views[positions] = views
+            self.keys, self.values = self.views[positions]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return (self.keys.shape[2] if self.is_initialized else self.max_cache_len), 0
@@ -87,6 +89,25 @@ def forward(model, tokens: list[int], cache: Cache, keep_logits: int) -> torch.T
     return out.logits[0]
 
 
+def _ancestors(trees: list[list[int]], rows: int, width: int, device) -> torch.Tensor:
+    """``[rows, width, width]`` bool: column j of a row's block sees column k when k is j or one of its ancestors
+    (``trees[row][j]`` is j's parent column, -1 for none); padding columns and dead rows see only themselves."""
+    seen = torch.eye(width, dtype=torch.bool).repeat(rows, 1, 1)
+    for row, parents in enumerate(trees):
+        for column, parent in enumerate(parents):
+            if parent >= 0:
+                seen[row, column] |= seen[row, parent]
+    return seen.to(device)
+
+
+def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A bool ``[rows, queries, keys]`` mask as the 4D additive float mask transformers passes on unchanged
+    (``[rows, 1, queries, keys]``: 0 to attend, the dtype's minimum not to; a bool 4D mask is wrong under eager
+    attention, which adds it to the scores)."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
+        ~allowed, torch.finfo(dtype).min)[:, None]
+
+
 class BatchCache:
     """The target's KV cache for a batch of rows of different lengths: one transformers cache over all rows,
     growing (``DynamicCache``) or static (a ``StaticCache`` handed in, preallocated: no tensor changes shape from
@@ -116,10 +137,13 @@ class BatchCache:
     def columns(self) -> int:
         return length(self.cache)
 
-    def forward(self, model, tokens: list[list[int]], keep_logits: int, reach: int = 0) -> torch.Tensor:
+    def forward(self, model, tokens: list[list[int]], keep_logits: int, reach: int = 0,
+                trees: list[list[int]] | None = None) -> torch.Tensor:
         """Append each live row's ``tokens`` (rows may differ in length: shorter ones are right-padded with masked
         columns) and return the last ``keep_logits`` logits of each row's block, ``[rows, keep_logits, vocab]``.
-        Follow with :meth:`keep`. A static cache's compiled step attends over the filled positions rounded up to
+        ``trees``, per row, each new column's parent column in the block (-1 for the first): a column then attends
+        to the row's past and its own ancestors only, at position length + depth (a token tree). Follow with
+        :meth:`keep`. A static cache's compiled step attends over the filled positions rounded up to
         ``ATTEND_STEP`` (one CUDA graph per step of it), or ``reach`` if more (the warm-up visits each)."""
         live, width = len(tokens), max(len(row) for row in tokens)
         tokens = tokens + [[]] * (self.bucket - live)  # dead rows feed nothing
@@ -131,23 +155,31 @@ class BatchCache:
         ids = torch.tensor([row + [0] * (width - len(row)) for row in tokens], dtype=torch.long, device=device)
         real = torch.tensor([[j < len(row) for j in range(width)] for row in tokens], device=device)  # [bucket, width]
         attention = position_ids = None
-        if self.mask is not None or not bool(real.all()) or (self.capacity is not None and self.bucket > 1):
+        if (self.mask is not None or not bool(real.all()) or trees is not None
+                or (self.capacity is not None and self.bucket > 1)):
             past = self.mask if self.mask is not None else torch.ones(self.bucket, start, dtype=torch.bool,
                                                                       device=device)
-            attention = torch.cat([past, real], dim=1).long()  # [bucket, columns + width]
-            if self.capacity is not None:  # a static shape: every allocated position, the unwritten ones masked
-                attention = torch.nn.functional.pad(attention, (0, self.capacity + 1 - attention.shape[1]))
+            offsets = torch.arange(width, device=device)[None, :].expand(self.bucket, -1)  # [bucket, width]
+            if trees is not None:
+                ancestors = _ancestors(trees, self.bucket, width, device)  # [bucket, width, width]
+                offsets = ancestors.sum(-1) - 1  # each column's depth
+                attention = torch.cat([past[:, None, :].expand(-1, width, -1), ancestors & real[:, None, :]], dim=2)
+                attention = _additive(attention, model.dtype)  # [bucket, 1, width, columns + width]
+            else:
+                attention = torch.cat([past, real], dim=1).long()  # [bucket, columns + width]
+                if self.capacity is not None:  # a static shape: every allocated position, the unwritten ones masked
+                    attention = torch.nn.functional.pad(attention, (0, self.capacity + 1 - attention.shape[1]))
             lengths = self.lengths + [0] * (self.bucket - live)
-            position_ids = (torch.tensor(lengths, device=device)[:, None]
-                            + torch.arange(width, device=device)[None, :])  # [bucket, width]
+            position_ids = torch.tensor(lengths, device=device)[:, None] + offsets  # [bucket, width]
         if self.capacity is not None:  # what is filled; compiled, rounded up (bounded recompiles and CUDA graphs)
             need = start + width
-            attend(self.cache, need if self.step is None else
+            attend(self.cache, need if self.step is None or trees is not None else
                    min(self.capacity, max(reach, -(-need // ATTEND_STEP) * ATTEND_STEP)))
-        logits = (self.step or model)(input_ids=ids, attention_mask=attention, position_ids=position_ids,
-                                      cache=self.cache, use_cache=True,
-                                      logits_to_keep=0 if keep_logits == width else keep_logits
-                                      ).logits  # [bucket, keep_logits, vocab]
+        step = self.step if trees is None else None  # a tree's 4D mask runs eagerly
+        logits = (step or model)(input_ids=ids, attention_mask=attention, position_ids=position_ids,
+                                 cache=self.cache, use_cache=True,
+                                 logits_to_keep=0 if keep_logits == width else keep_logits
+                                 ).logits  # [bucket, keep_logits, vocab]
         if not all(tokens if start == 0 else tokens[:live]):
             # a row with nothing real attended to nothing: its padded columns may hold NaN
             for layer in self.cache.layers:
@@ -156,21 +188,23 @@ class BatchCache:
         self._appended = [len(row) for row in tokens]
         return logits[:live]
 
-    def keep(self, counts: list[int]) -> None:
-        """After :meth:`forward`: keep the first ``counts[i]`` appended columns of live row i; the rest become holes
-        (or are cropped, where no row kept them)."""
-        live = len(counts)
-        counts = counts + [0] * (self.bucket - live)
-        most = max(counts)
+    def keep(self, kept: list[list[int]]) -> None:
+        """After :meth:`forward`: keep live row i's appended columns ``kept[i]`` (ascending: a chain's first n, a
+        tree's accepted path); the rest become holes (or are cropped, where no row kept them)."""
+        live = len(kept)
+        kept = kept + [[]] * (self.bucket - live)
+        most = max((columns[-1] + 1 for columns in kept if columns), default=0)
         rollback(self.cache, self.columns - max(self._appended) + most)
         device = self.mask.device if self.mask is not None else self.cache.layers[0].keys.device
-        kept = torch.arange(most, device=device)[None, :] < torch.tensor(counts, device=device)[:, None]  # [bucket, most]
-        if self.mask is not None or not bool(kept.all()):
+        chosen = torch.zeros(self.bucket, most, dtype=torch.bool, device=device)  # [bucket, most]
+        for row, columns in enumerate(kept):
+            chosen[row, columns] = True
+        if self.mask is not None or not bool(chosen.all()):
             past = self.mask if self.mask is not None else torch.ones(self.bucket, self.columns - most,
                                                                       dtype=torch.bool, device=device)
-            self.mask = torch.cat([past, kept], dim=1)  # [bucket, columns]
+            self.mask = torch.cat([past, chosen], dim=1)  # [bucket, columns]
             self.mask[live:, 0] = True  # a dead row attends to its first column: never to nothing
-        self.lengths = [length + count for length, count in zip(self.lengths, counts[:live], strict=True)]
+        self.lengths = [length + len(columns) for length, columns in zip(self.lengths, kept[:live], strict=True)]
         self.compact()
 
     def rollback(self, length: int) -> None:

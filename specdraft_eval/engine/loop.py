@@ -63,7 +63,7 @@ def prefill(target, prompts: list[list[int]], cache: BatchCache | None = None) -
     cache = cache or BatchCache(len(prompts))
     if any(len(prompt) > 1 for prompt in prompts):
         cache.forward(target, [prompt[:-1] for prompt in prompts], 1)
-        cache.keep([len(prompt) - 1 for prompt in prompts])
+        cache.keep([list(range(len(prompt) - 1)) for prompt in prompts])
     return cache
 
 
@@ -112,13 +112,14 @@ def _steps(target, cache: BatchCache, rows: list[_Row], params: DecodeParams, co
         draft_seconds += t1 - t0
         verify_seconds += t2 - t1
         staying = []
-        for position, (row, proposal, (accepted, next_token)) in enumerate(zip(rows, proposals, verdicts, strict=True)):
-            row.stats.record_step(len(proposal.tokens), accepted)
-            row.new, done = _finish(row.new + [*proposal.tokens[:accepted], next_token], eos, max_new_tokens)
-            if features is not None:
-                row.drafter.observe(features[position, : accepted + 1])
+        for position, (row, proposal, (path, next_token)) in enumerate(zip(rows, proposals, verdicts, strict=True)):
+            row.stats.record_step(len(proposal.tokens), len(path), proposal.depth)
+            row.new, done = _finish(row.new + [*(proposal.tokens[node] for node in path), next_token], eos,
+                                    max_new_tokens)
+            if features is not None:  # the root's and the accepted path's
+                row.drafter.observe(features[position, [0, *(1 + node for node in path)]])
             if controller:
-                controller.update(len(proposal.tokens), accepted, (t1 - t0) / len(rows), (t2 - t1) / len(rows))
+                controller.update(len(proposal.tokens), len(path), (t1 - t0) / len(rows), (t2 - t1) / len(rows))
             if done or (row.stop is not None and row.stop(row.new)):
                 finished.append(row)
             else:

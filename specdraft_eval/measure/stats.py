@@ -72,12 +72,14 @@ class GenerationStats:
             merged[f.name] = _add_lists(a, b) if f.name in POSITION_FIELDS else a + b  # request_tars: concatenated
         return GenerationStats(**merged)
 
-    def record_step(self, drafted: int, accepted: int) -> None:
-        """Count one verification step that checked ``drafted`` draft tokens and accepted ``accepted``."""
+    def record_step(self, drafted: int, accepted: int, depth: int | None = None) -> None:
+        """Count one verification step that checked ``drafted`` draft tokens (a tree's nodes, ``depth`` deep; a
+        chain: as deep as long) and accepted ``accepted``; per-position counters are per depth."""
+        depth = drafted if depth is None else depth
         self.steps += 1
         self.draft_tokens += drafted
         self.accepted_tokens += accepted
-        self.drafted_per_position = _add_lists(self.drafted_per_position, [1] * drafted)
+        self.drafted_per_position = _add_lists(self.drafted_per_position, [1] * depth)
         self.accepted_per_position = _add_lists(self.accepted_per_position, [1] * accepted)
         self.acceptance_length_histogram = _add_lists(self.acceptance_length_histogram, [0] * accepted + [1])
 

@@ -54,7 +54,8 @@ def choose(kernels: str | None, compile: bool) -> str:
     (``torch.compile`` cannot lower oneDNN's pre-packed weights; it packs plain weights itself)."""
     if kernels is None:
         if compile:
-            log.info("compile=true runs kernels=plain: the compiled step packs its weights itself")
+            log.warning("compile=true runs kernels=plain: oneDNN's pre-packed weights do not compile "
+                        "(inductor packs its own)")
         return "plain" if compile else DEFAULT
     if check(kernels) == "onednn" and compile:
         raise SpecdecError("compile=true with kernels=onednn: pre-packed oneDNN weights do not compile; use "

@@ -1,0 +1,188 @@
+"""Token trees: several candidate continuations per step, verified in one target pass with an ancestor mask and
+depth positions. Greedy output equals transformers' own greedy ``generate`` (batch 1 and N, growing and static
+caches, eager and sdpa attention); sampled output follows the target's distribution (chi-square, with a biased rule
+as the negative control); the mask is checked against the same path run alone as a chain."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from conftest import tiny_llama
+from test_engine import hf_greedy
+from test_sampling import PROMPT, SAMPLES, VOCAB, exact_joint, fit
+
+from specdraft_eval.engine import verify
+from specdraft_eval.engine.drafter import DrafterBase, Proposal, merge
+from specdraft_eval.engine.kv_cache import BatchCache
+from specdraft_eval.engine.loop import prefill, speculative_generate, speculative_generate_batch
+from specdraft_eval.engine.sampling import Sampler
+
+
+class RandomTree(DrafterBase):
+    """A test draft: a random tree of up to ``num_tokens`` nodes, seeded by the sequence (so no node depends on the
+    sampler's draws), holding the target's own greedy continuation along one branch of random length (``oracle``),
+    so that steps accept several tokens, take side branches, and reject."""
+
+    name = "random-tree"
+
+    def __init__(self, target, vocab: int, oracle: bool = True) -> None:
+        self.target, self.vocab, self.oracle = target, vocab, oracle
+
+    def propose(self, tokens: list[int], num_tokens: int, sampler: Sampler) -> Proposal:
+        draw = random.Random(hash(tuple(tokens)))
+        nodes, parents = [], []
+        if self.oracle:
+            length = draw.randint(0, num_tokens)
+            with torch.inference_mode():
+                chain = hf_greedy(self.target, torch.tensor([tokens]), length) if length else []
+            nodes, parents = chain, list(range(-1, len(chain) - 1))
+        while len(nodes) < num_tokens:
+            parent = draw.randrange(-1, len(nodes))
+            nodes.append(draw.randrange(self.vocab))
+            parents.append(parent)
+        depths: list[int] = []
+        for parent in parents:
+            depths.append(1 + (depths[parent] if parent >= 0 else 0))
+        order = sorted(range(len(nodes)), key=lambda i: (depths[i], draw.random()))  # siblings shuffled
+        where = {old: new for new, old in enumerate(order)}
+        return Proposal([nodes[i] for i in order], parents=[where[parents[i]] if parents[i] >= 0 else -1 for i in order])
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(seed=0)
+
+
+def test_a_tree_proposal_checks_its_shape():
+    assert Proposal([5, 6, 7], parents=[-1, -1, 0]).depth == 2 and Proposal([5, 6]).tree == [-1, 0]
+    with pytest.raises(ValueError, match="before their children"):
+        Proposal([5, 6], parents=[1, -1])
+    with pytest.raises(ValueError, match="random draws"):
+        Proposal([5], probs=torch.ones(1, 8), parents=[-1])
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_the_ancestor_mask_gives_each_path_the_logits_it_gets_alone(attention):
+    """Every node's logits in one tree pass equal those of its root-to-node path fed as a chain (the additive 4D
+    mask and depth positions; a bool mask would be off under eager attention)."""
+    model = tiny_llama(seed=3)
+    model.config._attn_implementation = attention
+    prompt, tokens, parents = [5, 9, 2, 7], [11, 12, 13, 14, 15], [-1, -1, 0, 0, 2]
+    with torch.inference_mode():
+        cache = prefill(model, [prompt])
+        tree = cache.forward(model, [[prompt[-1], *tokens]], 6, trees=[[-1, 0, 0, 1, 1, 3]])[0]
+        for node in range(len(tokens)):
+            path, at = [], node
+            while at >= 0:
+                path.insert(0, tokens[at])
+                at = parents[at]
+            alone = model(torch.tensor([prompt + path])).logits[0, -1]
+            torch.testing.assert_close(tree[1 + node], alone, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_greedy_trees_give_the_targets_own_tokens(target, static):
+    draft = RandomTree(target, 64)
+    for seed in range(3):
+        prompt = torch.randint(0, 64, (1, 5 + 6 * seed), generator=torch.Generator().manual_seed(seed))
+        out, stats = speculative_generate(target, draft, prompt, 30, num_draft_tokens=6, static_cache=static)
+        assert out == hf_greedy(target, prompt, 30), seed
+        assert stats.accepted_tokens > 0 and stats.draft_tokens > stats.accepted_tokens
+        assert len(stats.drafted_per_position) <= 6  # per depth, not per node
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_greedy_trees_in_batches_with_chains_beside_them(target, static):
+    """Rows of different lengths, trees of different widths (padded columns see only themselves), rows leaving,
+    and a chain draft's row in the same pass: each row as alone."""
+    rows = [list(range(2, 2 + n)) for n in (3, 11, 6, 15)]
+    expected = [hf_greedy(target, torch.tensor([row]), 40) for row in rows]
+    out, _ = speculative_generate_batch(target, RandomTree(target, 64), rows, 40, num_draft_tokens=5,
+                                        static_cache=static)
+    assert out == expected
+    out, _ = speculative_generate_batch(target, RandomTree(target, 64, oracle=False), rows, 40, num_draft_tokens=3,
+                                        static_cache=static)
+    assert out == expected
+
+
+def test_sampled_trees_follow_the_target_distribution():
+    tiny = tiny_llama(seed=0, vocab=VOCAB)
+    expected = exact_joint(tiny, Sampler(True))
+    torch.manual_seed(0)
+    samples, drafted, accepted = [], 0, 0
+    for _ in range(SAMPLES // 50):
+        outputs, stats = speculative_generate_batch(tiny, RandomTree(tiny, VOCAB), [PROMPT] * 50, 3,
+                                                    num_draft_tokens=4, do_sample=True)
+        samples.extend(outputs)
+        drafted, accepted = drafted + stats.draft_tokens, accepted + stats.accepted_tokens
+    assert 0 < accepted < drafted
+    p12, p3 = fit(samples, expected)
+    assert p12 > 1e-3 and p3 > 1e-3, (p12, p3)
+
+
+def test_the_test_rejects_trying_children_without_taking_out_the_rejected(monkeypatch):
+    """Negative control: a rule that tries each child with p(x) but leaves rejected children in what it samples
+    from emits them too often: the same fit fails."""
+    tiny = tiny_llama(seed=0, vocab=VOCAB)
+
+    def biased(logits, proposal, sampler):
+        p, path, node = sampler.probs(logits), [], -1
+        while True:
+            children = [c for c, parent in enumerate(proposal.tree) if parent == node]
+            step = next((c for c in children if sampler.uniform(p.device) < float(p[node + 1, proposal.tokens[c]])),
+                        None)
+            if step is None:
+                return path, int(sampler.sample(p[node + 1][None]))
+            path.append(node := step)
+
+    monkeypatch.setattr(verify, "accept", biased)
+    expected = exact_joint(tiny, Sampler(True))
+    torch.manual_seed(0)
+    samples = []
+    for _ in range(SAMPLES // 50):
+        samples.extend(speculative_generate_batch(tiny, RandomTree(tiny, VOCAB), [PROMPT] * 50, 3,
+                                                  num_draft_tokens=4, do_sample=True)[0])
+    assert min(fit(samples, expected)) < 1e-6
+
+
+def test_a_tree_keeps_only_its_accepted_path():
+    model = tiny_llama(seed=3)
+    with torch.inference_mode():
+        cache: BatchCache = prefill(model, [[5, 9, 2, 7]])
+        cache.forward(model, [[7, 11, 12, 13]], 4, trees=[[-1, 0, 0, 2]])
+        cache.keep([[0, 2, 3]])
+    assert cache.lengths == [3 + 3] and cache.mask[0].tolist() == [True] * 3 + [True, False, True, True]
+
+
+def test_continuations_merge_into_a_tree_breadth_first_within_the_budget():
+    merged = merge([[1, 2, 3], [1, 4], [5]], 10)
+    assert (merged.tokens, merged.parents) == ([1, 5, 2, 4, 3], [-1, -1, 0, 0, 2])
+    assert merge([[1, 2, 3], [1, 4], [5]], 3).tokens == [1, 5, 2]
+    assert merge([[7, 8]], 5) == Proposal([7, 8]) and merge([], 5) == Proposal([])  # one continuation: a chain
+
+
+def test_prompt_lookup_trees_propose_every_match_and_keep_the_targets_tokens(target):
+    from specdraft_eval.drafts.prompt_lookup import build
+
+    draft = build("3x4", None)
+    assert draft.name == "prompt-lookup:3x4" and build("2-3x2", None).name == "prompt-lookup:2-3x2"
+    proposal = draft.propose([1, 2, 3, 1, 2, 4, 1, 2, 5, 1, 2], 6, Sampler())
+    assert proposal.tokens[:3] == [3, 4, 5] and proposal.parents[:3] == [-1, -1, -1]
+    rows = [[3, 9, 3, 9, 4, 3, 9, 5, 3, 9, 3][: n] for n in (11, 7, 9)]
+    expected = [hf_greedy(target, torch.tensor([row]), 30) for row in rows]
+    for static in (False, True):
+        assert speculative_generate_batch(target, draft, rows, 30, num_draft_tokens=6, static_cache=static)[0] == expected
+
+
+@pytest.mark.parametrize("arg", ["3x", "3xa", "x2", "3x0"])
+def test_prompt_lookup_tree_sizes_are_checked(arg):
+    from specdraft_eval.drafts.prompt_lookup import build
+    from specdraft_eval.errors import SpecdecError
+
+    if arg == "3x":
+        assert build(arg, None).branches == 1
+        return
+    with pytest.raises(SpecdecError, match="prompt-lookup:3x4"):
+        build(arg, None)
