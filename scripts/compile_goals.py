@@ -1,8 +1,10 @@
 """Issue 37's goals, measured: the same ``lm_eval --model specdec`` command eager, with ``static_cache=true`` and
-with ``compile=true`` (cold inductor cache: compilation as a first-time user pays it), one after the other.
+with ``compile=true``, one after the other. Each run gets a fresh inductor cache (compilation as a first-time user
+pays it) unless ``--inductor-cache DIR`` is given: then the runs share it, and a second ``compile`` run shows what
+a user pays once the compiled kernels are on disk.
 
     python scripts/compile_goals.py [--limit 20] [--draft prompt-lookup] [--out DIR] [--runs eager,static,compile]
-                                    [--gamma 4 | --dynamic]
+                                    [--gamma 4 | --dynamic] [--inductor-cache DIR]
 
 Per run: wall seconds (the whole command: loading, compilation, every document, spec and baseline), and from its
 results file tokens/s, baseline tokens/s, speedup, ``compile_seconds`` and ``recompiles``. Writes ``DIR/goals.json``
@@ -36,7 +38,8 @@ def run(name: str, args: argparse.Namespace, out: Path) -> dict:
     command = [str(Path(sys.executable).parent / "lm_eval"), "--model", "specdec", "--model_args", model_args,
                "--include_path", str(ROOT / "tasks"), "--tasks", args.task, "--limit", str(args.limit),
                "--confirm_run_unsafe_code", "--output_path", str(folder)]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TORCHINDUCTOR_CACHE_DIR": tempfile.mkdtemp(prefix="inductor-")}
+    cache = args.inductor_cache or tempfile.mkdtemp(prefix="inductor-")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TORCHINDUCTOR_CACHE_DIR": cache}
     started = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - started
@@ -58,6 +61,7 @@ def main() -> int:
     parser.add_argument("--dynamic", action="store_true", help="dynamic γ instead of a fixed one")
     parser.add_argument("--runs", default="eager,static,compile")
     parser.add_argument("--out", default="compile_goals_out")
+    parser.add_argument("--inductor-cache", help="one inductor cache folder for every run (default: a fresh one each)")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -65,7 +65,7 @@ def test_bench_catches_a_draft_that_changes_the_output(tiny, prompts_file, monke
     """A broken verifier (accepting every draft token) must be reported, not hidden."""
     from specdraft_eval.engine import verify
 
-    monkeypatch.setattr(verify, "accept", lambda logits, proposal, sampler: (len(proposal.tokens), 5))
+    monkeypatch.setattr(verify, "accept", lambda logits, proposal, sampler: (list(range(len(proposal.tokens))), 5))
     loaded = load_target(str(tiny))
     target, tokenizer = loaded.model, loaded.tokenizer
     drafter = load_draft("layers:0", loaded)
@@ -78,7 +78,6 @@ def test_bench_catches_a_draft_that_changes_the_output(tiny, prompts_file, monke
         bench_result.check_lossless(result, load_prompts(None, prompts_file, 1))
 
 
-@pytest.mark.slow  # a real CLI run of some length: the full suite runs it
 def test_bench_compile_runs_compiled_configurations_beside_the_eager_ones(tiny, prompts_file, monkeypatch):
     """``--compile``: ours and transformers' generate also compiled (dynamo with its eager backend here: the same
     guards and counts as inductor, quickly), on the plain-kernel copy; the warm-up compiled every width of ours, so
@@ -108,6 +107,7 @@ def test_bench_compile_runs_compiled_configurations_beside_the_eager_ones(tiny, 
     torch._dynamo.reset()
 
 
+@pytest.mark.slow  # a real CLI run of some length: the full suite runs it
 def test_bench_cli_json_and_table(tiny, prompts_file):
     done = run_cli("zoo", "bench", "--target", str(tiny), "--prompts", str(prompts_file), "--limit", "2",
                    "--repeats", "1", "--max-new-tokens", "6", "--gamma", "2", "--json")

@@ -186,3 +186,18 @@ def test_prompt_lookup_tree_sizes_are_checked(arg):
         return
     with pytest.raises(SpecdecError, match="prompt-lookup:3x4"):
         build(arg, None)
+
+
+def test_eagle_trees_add_the_heads_next_choices_beside_its_chain(target):
+    from specdraft_eval.drafts.eagle import EagleDrafter, new_head
+
+    head = new_head(target, seed=7)
+    chain, tree = (EagleDrafter(head, target, "e", None, branches) for branches in (1, 3))
+    rows = [list(range(2, 2 + n)) for n in (3, 11, 6)]
+    expected = [hf_greedy(target, torch.tensor([row]), 30) for row in rows]
+    out, stats = speculative_generate_batch(target, tree, rows, 30, num_draft_tokens=6)
+    assert out == expected and stats.draft_tokens > 0
+    assert len(stats.drafted_per_position) == 2  # 6 nodes, 3 per depth: 2 deep
+    assert speculative_generate_batch(target, chain, rows, 30, num_draft_tokens=6)[0] == expected
+    sampled = speculative_generate(target, tree, rows[0], 10, num_draft_tokens=6, do_sample=True, seed=0)[1]
+    assert len(sampled.drafted_per_position) > 2  # sampling drafts the chain

@@ -171,8 +171,8 @@ class EagleDrafter(DrafterBase):
     """Drafts with an :class:`EagleHead`. State per row: the target's features not yet fed to the head and the
     head's KV cache over (feature t, token t+1) pairs, kept for the target's features and rolled back for its own."""
 
-    def __init__(self, head: EagleHead, target, name: str, token_ids: list[int] | None) -> None:
-        self.model, self.name, self.taps = head, name, head.taps
+    def __init__(self, head: EagleHead, target, name: str, token_ids: list[int] | None, branches: int = 1) -> None:
+        self.model, self.name, self.taps, self.branches = head, name, head.taps, branches
         self.vocab_size = target.config.vocab_size
         self._embed = target.get_input_embeddings()
         self._ids = torch.tensor(token_ids, dtype=torch.long, device=target.device) if token_ids else None
@@ -213,18 +213,29 @@ class EagleDrafter(DrafterBase):
             self._pending, self._fed = [], self._seen
             self._last = hidden  # [1, 1, H]: the head's prediction of the last token's features
         hidden = self._last
+        branches = 1 if sampler.do_sample else self.branches  # a sampled draft drafts a chain
+        depth = num_tokens if branches == 1 else max(1, num_tokens // branches)
         drafted: list[int] = []
+        parents: list[int] = []
         rows: list[torch.Tensor] = []
-        for i in range(num_tokens):
-            token, probs = choose(head.logits(hidden[0, -1]).float(), sampler, self._ids, self.vocab_size)
+        parent = -1  # the chain's node at the previous depth
+        for i in range(depth):
+            logits = head.logits(hidden[0, -1]).float()
+            token, probs = choose(logits, sampler, self._ids, self.vocab_size)
+            parents.append(parent)
             drafted.append(token)
             if probs is not None:
                 rows.append(probs)
-            if i + 1 < num_tokens:
+            if branches > 1:  # the head's next choices at this depth: leaves beside the chain
+                ranked = logits.topk(min(branches, len(logits))).indices[1:]
+                drafted += (self._ids[ranked] if self._ids is not None else ranked).tolist()
+                parents += [parent] * len(ranked)
+            parent = len(drafted) - 1 - (len(ranked) if branches > 1 else 0)
+            if i + 1 < depth:
                 position = torch.tensor([[self._seen + i]], device=device)
                 hidden = head(self._embed(torch.tensor([[token]], device=device)), hidden, self._cache, position,
                               own=True)
-        return Proposal(drafted, torch.stack(rows) if rows else None)
+        return Proposal(drafted, torch.stack(rows) if rows else None, parents if branches > 1 else None)
 
 
 def _directory(arg: str) -> Path:
@@ -385,11 +396,17 @@ def load_head(directory: Path, target, tokenizer=None) -> tuple[EagleHead, HeadL
 
 
 def build(arg: str | None, target: Target) -> EagleDrafter:
-    """Entry point for ``eagle:DIR`` (a directory or a hub id)."""
+    """Entry point for ``eagle:DIR`` (a directory or a hub id) and ``eagle:DIR@B``: greedy steps draft a token
+    tree, the head's B best tokens at each depth (the first continuing the chain, the others leaves beside it)."""
     if not arg:
         raise SpecdecError("eagle needs a head: e.g. draft=eagle:DIR (built by `zoo train-head TARGET --out DIR`)")
-    head, layout = load_head(_directory(arg), target.model, target.tokenizer)
-    return EagleDrafter(head, target.model, f"eagle:{arg}", layout.token_ids)
+    where, _, branches = arg.rpartition("@")
+    if not where or Path(os.path.expanduser(arg)).is_dir():
+        where, branches = arg, "1"
+    if not branches.isdigit() or int(branches) < 1:
+        raise SpecdecError(f"bad eagle tree width in {arg!r}: use eagle:DIR@B with B >= 1, e.g. eagle:DIR@3")
+    head, layout = load_head(_directory(where), target.model, target.tokenizer)
+    return EagleDrafter(head, target.model, f"eagle:{arg}", layout.token_ids, int(branches))
 
 
 build.path_marker = HEAD_FILE
