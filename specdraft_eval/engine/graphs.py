@@ -27,6 +27,7 @@ from specdraft_eval.measure.timers import clock
 
 log = logging.getLogger(__name__)
 CAPACITY_STEP = ATTEND_STEP  # a static cache's positions are a multiple of this (and of every compiled reach)
+GRAPH_LIMIT = 64  # dynamo's graphs per code object: batch buckets x capacities x 2
 _RUNTIMES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {compile: StaticRuntime}
 
 
@@ -57,6 +58,9 @@ class CompiledStep:
         self.failures = (TorchDynamoException, InductorError)
         self.model = model
         mode = "reduce-overhead" if model.device.type == "cuda" else None
+        # two graphs per batch bucket and capacity, all of one code object: past dynamo's default limit of 8 it
+        # would run the step eagerly without a word
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, GRAPH_LIMIT)
         self.compiled: Callable | None = torch.compile(model.forward, mode=mode, dynamic=False)
 
     def __call__(self, **inputs):
