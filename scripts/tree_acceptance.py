@@ -5,7 +5,7 @@ greedy, batch 1, every configuration on the same prompts, interleaved per prompt
         [--config DRAFT@GAMMA ...] [--out FILE]
 
 A configuration is a draft string and its γ (for a tree, its node budget), e.g. ``prompt-lookup:3@4`` or
-``eagle:leaderboard/drafts/smollm2-eagle@3@6`` (a head drafting 3 choices per depth, 6 nodes). Prints a table
+``eagle:leaderboard/drafts/smollm2-eagle@4x5@12`` (EAGLE-2's dynamic tree: top-4, 5 deep, 12 nodes). Prints a table
 (median [min-max] over prompts of tokens/s; TAR and acceptance by depth over all steps) and writes it as JSON.
 """
 
@@ -25,9 +25,9 @@ from specdraft_eval.engine.loop import autoregressive_generate, speculative_gene
 from specdraft_eval.integration.offline_data import task_prompts
 from specdraft_eval.measure.stats import GenerationStats
 
-DEFAULTS = ["prompt-lookup:3@4", "prompt-lookup:3x3@8", "eagle:leaderboard/drafts/smollm2-eagle@4",
-            "eagle:leaderboard/drafts/smollm2-eagle@2@6", "eagle:leaderboard/drafts/smollm2-eagle@3@6",
-            "eagle:leaderboard/drafts/smollm2-eagle@3@9"]
+DEFAULTS = ["prompt-lookup:3@4", "prompt-lookup:3x3@8", "suffix@8", "eagle:leaderboard/drafts/smollm2-eagle@4",
+            "eagle:leaderboard/drafts/smollm2-eagle@2x4@6", "eagle:leaderboard/drafts/smollm2-eagle@4x5@12",
+            "eagle:leaderboard/drafts/smollm2-eagle@8x6@24"]
 
 
 def main() -> int:

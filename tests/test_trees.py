@@ -188,16 +188,83 @@ def test_prompt_lookup_tree_sizes_are_checked(arg):
         build(arg, None)
 
 
-def test_eagle_trees_add_the_heads_next_choices_beside_its_chain(target):
-    from specdraft_eval.drafts.eagle import EagleDrafter, new_head
+def _reference_tree(head, embed, features: torch.Tensor, tokens: list[int], topk: int, depth: int,
+                    budget: int) -> set[tuple[int, ...]]:
+    """EAGLE-2's tree (``topK_genrate``) computed the slow way, as root-to-node paths: every node's children come
+    from the head run afresh over the committed pairs and that node's own path as a chain (no tree mask, no shared
+    cache), so a wrong mask or position in the drafter's one-pass-per-depth version shows up as other paths."""
+    from transformers import DynamicCache
+
+    def hidden_after(path: tuple[int, ...]) -> torch.Tensor:
+        cache, seen = DynamicCache(), len(tokens) - 1
+        hidden = head(embed(torch.tensor([tokens[1:]])), features[None], cache, torch.arange(seen)[None])[:, -1:]
+        for i, token in enumerate(path):
+            hidden = head(embed(torch.tensor([[token]])), hidden, cache, torch.tensor([[seen + i]]), own=True)
+        return hidden[0, -1]
+
+    scores: dict[tuple[int, ...], float] = {}
+    frontier: list[tuple[int, ...]] = [()]
+    for _ in range(depth):
+        children = []
+        for path in frontier:
+            logp = torch.log_softmax(head.logits(hidden_after(path)).float(), -1).topk(topk)
+            for token, value in zip(logp.indices.tolist(), logp.values.tolist(), strict=True):
+                scores[path + (token,)] = scores.get(path, 0.0) + value
+                children.append(path + (token,))
+        frontier = sorted(children, key=lambda c: -scores[c])[:topk]
+    return set(sorted(scores, key=lambda c: -scores[c])[:budget])
+
+
+def _paths(proposal: Proposal) -> set[tuple[int, ...]]:
+    paths: list[tuple[int, ...]] = []
+    for token, parent in zip(proposal.tokens, proposal.tree, strict=True):
+        paths.append((paths[parent] if parent >= 0 else ()) + (token,))
+    return set(paths)
+
+
+@pytest.mark.parametrize(("topk", "depth", "budget"), [(2, 3, 6), (3, 4, 10), (4, 3, 16), (1, 5, 5)])
+@pytest.mark.parametrize("static", [False, True])
+def test_eagle2_dynamic_tree_matches_the_slow_reference(target, topk, depth, budget, static):
+    from specdraft_eval.drafts.eagle import EagleDrafter, TreeShape, new_head
 
     head = new_head(target, seed=7)
-    chain, tree = (EagleDrafter(head, target, "e", None, branches) for branches in (1, 3))
+    with torch.no_grad():  # sharp attention and large logits: a wrong position or mask changes the tree
+        head.layers[0].self_attn.q_proj.weight.mul_(30.0)
+        head.fc.weight.mul_(4.0)
+    drafter = EagleDrafter(head, target, "e", None, TreeShape(topk, depth))
+    for seed, tokens in enumerate([[3, 9], [5, 1, 8], [3, 9, 4, 11, 7, 2]]):  # short prefixes: the tree dominates
+        features = torch.randn(len(tokens) - 1, target.config.hidden_size,
+                               generator=torch.Generator().manual_seed(seed))
+        with torch.inference_mode():
+            drafter.reset(64 if static else None)
+            drafter.observe(features)
+            proposal = drafter.propose(tokens, budget, Sampler())
+            expected = _reference_tree(head, target.get_input_embeddings(), features, tokens, topk, depth, budget)
+            again = drafter.propose(tokens, budget, Sampler())  # the frontiers were rolled back
+        assert _paths(proposal) == expected and len(proposal.tokens) == min(budget, len(expected))
+        assert proposal.depth <= depth and _paths(again) == expected
+
+
+def test_eagle2_trees_decode_as_the_target_does(target):
+    from specdraft_eval.drafts.eagle import EagleDrafter, TreeShape, new_head
+
+    head = new_head(target, seed=7)
+    tree = EagleDrafter(head, target, "e", None, TreeShape(3, 4))
     rows = [list(range(2, 2 + n)) for n in (3, 11, 6)]
     expected = [hf_greedy(target, torch.tensor([row]), 30) for row in rows]
-    out, stats = speculative_generate_batch(target, tree, rows, 30, num_draft_tokens=6)
-    assert out == expected and stats.draft_tokens > 0
-    assert len(stats.drafted_per_position) == 2  # 6 nodes, 3 per depth: 2 deep
-    assert speculative_generate_batch(target, chain, rows, 30, num_draft_tokens=6)[0] == expected
-    sampled = speculative_generate(target, tree, rows[0], 10, num_draft_tokens=6, do_sample=True, seed=0)[1]
-    assert len(sampled.drafted_per_position) > 2  # sampling drafts the chain
+    for static in (False, True):
+        out, stats = speculative_generate_batch(target, tree, rows, 30, num_draft_tokens=8, static_cache=static)
+        assert out == expected and stats.draft_tokens > 0
+        assert 1 < len(stats.drafted_per_position) <= 4  # per depth
+    sampled = speculative_generate(target, tree, rows[0], 10, num_draft_tokens=8, do_sample=True, seed=0)[1]
+    assert sampled.draft_tokens > sampled.steps  # sampling drafts the same (deterministic) tree
+
+
+@pytest.mark.parametrize("arg", ["x3", "0", "3x0", "3xa", "a"])
+def test_a_bad_eagle_tree_is_one_line(arg):
+    from specdraft_eval.drafts.eagle import TreeShape
+    from specdraft_eval.errors import SpecdecError
+
+    with pytest.raises(SpecdecError, match=r"eagle:DIR@KxD"):
+        TreeShape.parse(arg, f"dir@{arg}")
+    assert TreeShape.parse("4", "d@4") == TreeShape(4, TreeShape.DEFAULT_DEPTH)

@@ -125,15 +125,17 @@ class EagleHead(nn.Module):
         return self.layers[0].post_attention_layernorm.weight.dtype
 
     def forward(self, embeds: torch.Tensor, features: torch.Tensor, cache, position_ids: torch.Tensor,
-                own: bool = False) -> torch.Tensor:
+                own: bool = False, mask: torch.Tensor | None = None) -> torch.Tensor:
         """``embeds`` [B, T, H] of tokens t+1, ``features`` [B, T, F] of positions t (the target's, or with ``own``
-        the head's previous hidden states) -> the head's hidden states [B, T, H] (before its final norm)."""
+        the head's previous hidden states) -> the head's hidden states [B, T, H] (before its final norm).
+        ``mask``: a 4D additive mask over the cache and the new positions (a tree's), instead of the causal one."""
         if self.variant == EAGLE:
             x = self.fc(torch.cat([embeds, features], dim=-1))  # [B, T, H]
         else:
             x = torch.cat([embeds, features if own else self.fc(features)], dim=-1)  # [B, T, 2H]
-        mask = create_causal_mask(config=self.config, inputs_embeds=x, attention_mask=None, cache=cache,
-                                  position_ids=position_ids)
+        if mask is None:
+            mask = create_causal_mask(config=self.config, inputs_embeds=x, attention_mask=None, cache=cache,
+                                      position_ids=position_ids)
         return self.layers[0](x, attention_mask=mask, position_ids=position_ids, cache=cache,
                               use_cache=cache is not None, position_embeddings=self.rotary_emb(x, position_ids))
 
@@ -167,12 +169,35 @@ def new_head(target, token_ids: list[int] | None = None, seed: int = 0) -> Eagle
     return head.to(target.device, target.dtype)
 
 
-class EagleDrafter(DrafterBase):
-    """Drafts with an :class:`EagleHead`. State per row: the target's features not yet fed to the head and the
-    head's KV cache over (feature t, token t+1) pairs, kept for the target's features and rolled back for its own."""
+@dataclass(frozen=True)
+class TreeShape:
+    """EAGLE-2's dynamic tree: each step expands the ``topk`` best-scoring frontier nodes by their ``topk`` best
+    children (score: the sum of the head's log-probabilities along the path), ``depth`` nodes deep at most; the
+    step's node budget (γ) keeps the best-scoring nodes. EAGLE's ``top_k``; its ``depth`` is ours minus one."""
 
-    def __init__(self, head: EagleHead, target, name: str, token_ids: list[int] | None, branches: int = 1) -> None:
-        self.model, self.name, self.taps, self.branches = head, name, head.taps, branches
+    topk: int
+    depth: int
+
+    DEFAULT_DEPTH = 6
+
+    @classmethod
+    def parse(cls, text: str, arg: str) -> TreeShape:
+        """``K`` or ``KxD`` (``D`` default :data:`DEFAULT_DEPTH`)."""
+        topk, _, depth = text.partition("x")
+        if not topk.isdigit() or int(topk) < 1 or (depth and (not depth.isdigit() or int(depth) < 1)):
+            raise SpecdecError(f"bad eagle tree in {arg!r}: use eagle:DIR@K or eagle:DIR@KxD (top-k K >= 1 per "
+                               "step, D >= 1 deep), e.g. eagle:DIR@4x6")
+        return cls(int(topk), int(depth) if depth else cls.DEFAULT_DEPTH)
+
+
+class EagleDrafter(DrafterBase):
+    """Drafts with an :class:`EagleHead`, a chain or (``tree``) EAGLE-2's dynamic tree. State per row: the target's
+    features not yet fed to the head and the head's KV cache over (feature t, token t+1) pairs, kept for the
+    target's features and rolled back for its own."""
+
+    def __init__(self, head: EagleHead, target, name: str, token_ids: list[int] | None,
+                 tree: TreeShape | None = None) -> None:
+        self.model, self.name, self.taps, self.tree = head, name, head.taps, tree
         self.vocab_size = target.config.vocab_size
         self._embed = target.get_input_embeddings()
         self._ids = torch.tensor(token_ids, dtype=torch.long, device=target.device) if token_ids else None
@@ -182,7 +207,8 @@ class EagleDrafter(DrafterBase):
         self.reset()
 
     def reset(self, capacity: int | None = None) -> None:
-        self._cache = kv_cache.new_cache(self.model.config, capacity)
+        room = (self.tree.depth - 1) * self.tree.topk if self.tree else 0  # a tree's frontiers, fed then dropped
+        self._cache = kv_cache.new_cache(self.model.config, None if capacity is None else capacity + room)
         self._pending: list[torch.Tensor] = []  # the target's features not yet fed to the head
         self._seen = 0  # positions whose target features have arrived
         self._fed = 0  # (feature, next token) pairs in the head's cache computed from the target's features
@@ -212,30 +238,83 @@ class EagleDrafter(DrafterBase):
             hidden = head(self._embed(ids), features.to(self._embed.weight.dtype), self._cache, positions)[:, -1:]
             self._pending, self._fed = [], self._seen
             self._last = hidden  # [1, 1, H]: the head's prediction of the last token's features
+        if self.tree is not None:
+            return self._grow(num_tokens)
         hidden = self._last
-        branches = 1 if sampler.do_sample else self.branches  # a sampled draft drafts a chain
-        depth = num_tokens if branches == 1 else max(1, num_tokens // branches)
         drafted: list[int] = []
-        parents: list[int] = []
         rows: list[torch.Tensor] = []
-        parent = -1  # the chain's node at the previous depth
-        for i in range(depth):
-            logits = head.logits(hidden[0, -1]).float()
-            token, probs = choose(logits, sampler, self._ids, self.vocab_size)
-            parents.append(parent)
+        for i in range(num_tokens):
+            token, probs = choose(head.logits(hidden[0, -1]).float(), sampler, self._ids, self.vocab_size)
             drafted.append(token)
             if probs is not None:
                 rows.append(probs)
-            if branches > 1:  # the head's next choices at this depth: leaves beside the chain
-                ranked = logits.topk(min(branches, len(logits))).indices[1:]
-                drafted += (self._ids[ranked] if self._ids is not None else ranked).tolist()
-                parents += [parent] * len(ranked)
-            parent = len(drafted) - 1 - (len(ranked) if branches > 1 else 0)
-            if i + 1 < depth:
+            if i + 1 < num_tokens:
                 position = torch.tensor([[self._seen + i]], device=device)
                 hidden = head(self._embed(torch.tensor([[token]], device=device)), hidden, self._cache, position,
                               own=True)
-        return Proposal(drafted, torch.stack(rows) if rows else None, parents if branches > 1 else None)
+        return Proposal(drafted, torch.stack(rows) if rows else None)
+
+    def _grow(self, budget: int) -> Proposal:
+        """EAGLE-2's dynamic tree (``topK_genrate``): the top-k children of the root, then per depth one head pass
+        over the frontier (each node attending to the committed prefix and its own ancestors), every child scored
+        by its path's summed log-probability and the best k kept as the next frontier; the ``budget`` best nodes
+        of all scored ones form the tree. Deterministic (no draws): lossless under sampling too."""
+        head, device, k = self.model, self._embed.weight.device, self.tree.topk
+        tokens: list[int] = []
+        parents: list[int] = []
+        scores: list[float] = []
+
+        def expand(hidden: torch.Tensor, frontier: list[int]) -> list[int]:
+            """Score the top-k children of each frontier node (-1: the root) from ``hidden`` [n, H]; return the
+            new nodes."""
+            logp = torch.log_softmax(head.logits(hidden).float(), dim=-1)  # [n, head vocabulary]
+            top = logp.topk(min(k, logp.shape[-1]), dim=-1)
+            ids = self._ids[top.indices] if self._ids is not None else top.indices  # [n, k] target ids
+            new = []
+            for row, parent in enumerate(frontier):
+                base = scores[parent] if parent >= 0 else 0.0
+                for token, value in zip(ids[row].tolist(), top.values[row].tolist(), strict=True):
+                    new.append(len(tokens))
+                    tokens.append(token)
+                    parents.append(parent)
+                    scores.append(base + value)
+            return new
+
+        frontier = [-1]
+        hidden = self._last[0]  # [1, H]
+        fed: list[int] = []  # tree nodes in the head's cache past the committed prefix, in order
+        for depth in range(self.tree.depth):
+            children = expand(hidden, frontier)
+            if depth + 1 == self.tree.depth:
+                break
+            cut = sorted(scores, reverse=True)[budget - 1] if len(scores) >= budget else float("-inf")
+            frontier = sorted(children, key=lambda n: -scores[n])[:k]
+            if scores[frontier[0]] < cut:  # no descendant can make the budget's cut
+                break
+            parent_rows = [fed.index(parents[n]) if parents[n] >= 0 else -1 for n in frontier]
+            inputs = self._last[0].expand(len(frontier), -1) if depth == 0 else hidden_fed[parent_rows]
+            hidden = head(self._embed(torch.tensor([[tokens[n] for n in frontier]], device=device)), inputs[None],
+                          self._cache, torch.full((1, len(frontier)), self._seen + depth, device=device), own=True,
+                          mask=self._tree_mask(fed, frontier, parents))[0]  # [k, H]
+            hidden_fed = hidden if depth == 0 else torch.cat([hidden_fed, hidden])
+            fed += frontier
+        keep = sorted(sorted(range(len(tokens)), key=lambda n: (-scores[n], n))[:budget])  # parents before children
+        where = {node: i for i, node in enumerate(keep)}
+        return Proposal([tokens[n] for n in keep], parents=[where[parents[n]] if parents[n] >= 0 else -1 for n in keep])
+
+    def _tree_mask(self, fed: list[int], frontier: list[int], parents: list[int]) -> torch.Tensor:
+        """``[1, 1, len(frontier), keys]`` additive: each frontier node sees the committed prefix, its ancestors
+        among the ``fed`` nodes and itself."""
+        committed = self._fed
+        keys = self._cache.get_mask_sizes(len(frontier), 0)[0]  # a static cache: its whole allocation
+        allowed = torch.zeros(len(frontier), keys, dtype=torch.bool)
+        allowed[:, :committed] = True
+        slot = {node: i for i, node in enumerate(fed + frontier)}
+        for row, node in enumerate(frontier):
+            while node >= 0:
+                allowed[row, committed + slot[node]] = True
+                node = parents[node]
+        return kv_cache.additive(allowed[None].to(self._embed.weight.device), self.model.dtype)
 
 
 def _directory(arg: str) -> Path:
@@ -396,17 +475,16 @@ def load_head(directory: Path, target, tokenizer=None) -> tuple[EagleHead, HeadL
 
 
 def build(arg: str | None, target: Target) -> EagleDrafter:
-    """Entry point for ``eagle:DIR`` (a directory or a hub id) and ``eagle:DIR@B``: greedy steps draft a token
-    tree, the head's B best tokens at each depth (the first continuing the chain, the others leaves beside it)."""
+    """Entry point for ``eagle:DIR`` (a directory or a hub id; drafts a chain) and ``eagle:DIR@K`` /
+    ``eagle:DIR@KxD`` (EAGLE-2's dynamic tree: top-k K per step, D deep; γ is its node budget)."""
     if not arg:
         raise SpecdecError("eagle needs a head: e.g. draft=eagle:DIR (built by `zoo train-head TARGET --out DIR`)")
-    where, _, branches = arg.rpartition("@")
+    where, _, shape = arg.rpartition("@")
     if not where or Path(os.path.expanduser(arg)).is_dir():
-        where, branches = arg, "1"
-    if not branches.isdigit() or int(branches) < 1:
-        raise SpecdecError(f"bad eagle tree width in {arg!r}: use eagle:DIR@B with B >= 1, e.g. eagle:DIR@3")
+        where, shape = arg, ""
+    tree = TreeShape.parse(shape, arg) if shape else None
     head, layout = load_head(_directory(where), target.model, target.tokenizer)
-    return EagleDrafter(head, target.model, f"eagle:{arg}", layout.token_ids, int(branches))
+    return EagleDrafter(head, target.model, f"eagle:{arg}", layout.token_ids, tree)
 
 
 build.path_marker = HEAD_FILE

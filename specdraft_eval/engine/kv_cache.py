@@ -100,7 +100,7 @@ def _ancestors(trees: list[list[int]], rows: int, width: int, device) -> torch.T
     return seen.to(device)
 
 
-def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A bool ``[rows, queries, keys]`` mask as the 4D additive float mask transformers passes on unchanged
     (``[rows, 1, queries, keys]``: 0 to attend, the dtype's minimum not to; a bool 4D mask is wrong under eager
     attention, which adds it to the scores)."""
@@ -164,7 +164,7 @@ class BatchCache:
                 ancestors = _ancestors(trees, self.bucket, width, device)  # [bucket, width, width]
                 offsets = ancestors.sum(-1) - 1  # each column's depth
                 attention = torch.cat([past[:, None, :].expand(-1, width, -1), ancestors & real[:, None, :]], dim=2)
-                attention = _additive(attention, model.dtype)  # [bucket, 1, width, columns + width]
+                attention = additive(attention, model.dtype)  # [bucket, 1, width, columns + width]
             else:
                 attention = torch.cat([past, real], dim=1).long()  # [bucket, columns + width]
                 if self.capacity is not None:  # a static shape: every allocated position, the unwritten ones masked
