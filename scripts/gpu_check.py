@@ -9,7 +9,8 @@ shapes in under 2 minutes):
 1. batch-1 step latency (the engine's ``verify_step`` at k = 0, context 128) vs depth (1-32 layers at width 4096)
    and width (1024-8192 at 4 layers), the paper's draft shapes and Llama-2-7B/13B shapes: every shape built
    first, warmed up, then measured in interleaved rounds (median, min, max over rounds);
-2. verification cost of k = 0..16 draft tokens on the 7B shape at contexts 128 and 1024;
+2. verification cost of k = 0..64 draft tokens on the 7B shape at contexts 128 and 1024, as a chain and as a
+   token tree (EAGLE-2-like, the engine's 4D ancestor mask: what a tree of 16, 32, 64 nodes costs);
 3. ``zoo bench`` on the 7B shape: transformers ``generate`` and assisted generation, our plain decoding and ours at
    fixed and dynamic γ, prompt lookup, a 5-layer view and an EAGLE head (one layer + the target's output head)
    (with ``--compile``: every configuration also compiled, beside the eager ones, warm-up apart);
@@ -159,18 +160,21 @@ def step_latency(check: Check) -> None:
 
 
 def verify_cost(check: Check) -> None:
-    """Part 2: ms to verify k = 0..16 draft tokens on the 7B shape, at contexts 128 and 1024."""
+    """Part 2: ms to verify k = 0..64 draft tokens on the 7B shape, as a chain and as an EAGLE-2-like token tree
+    (the engine's 4D ancestor mask), at contexts 128 and 1024 (rows: k up to 8, then 16, 32, 64)."""
     from zoo.timing import context_tokens, engine_latency
 
     target, rows = check.target(), []
-    for context in (128, 1024):
-        verify, _ = engine_latency(target, [], [16], [context_tokens(context, target.config.vocab_size)],
-                                   check.args.steps)
-        for k, spread in sorted(verify.items()):
-            rows.append({"context": context, "k": k, "ms_median": spread.median, "ms_min": spread.min,
-                         "ms_max": spread.max, "vs_step": spread.median / verify[0].median})
-        check.log(f"2 context {context}: " + " ".join(f"{k}:{s.median / verify[0].median:.2f}"
-                                                      for k, s in sorted(verify.items())))
+    for shape in ("chain", "tree"):
+        for context in (128, 1024):
+            verify, _ = engine_latency(target, [], [64], [context_tokens(context, target.config.vocab_size)],
+                                       check.args.steps, trees=shape == "tree")
+            kept = {k: s for k, s in sorted(verify.items()) if k <= 8 or k in (16, 32, 64)}
+            for k, spread in kept.items():
+                rows.append({"shape": shape, "context": context, "k": k, "ms_median": spread.median,
+                             "ms_min": spread.min, "ms_max": spread.max, "vs_step": spread.median / verify[0].median})
+            check.log(f"2 {shape} context {context}: " + " ".join(f"{k}:{s.median / verify[0].median:.2f}"
+                                                                  for k, s in kept.items()))
     check.results["verify_cost"] = {"rows": rows}
 
 
@@ -325,8 +329,9 @@ def report(results: dict) -> str:
                   f"{part['rounds']} interleaved rounds of {part['steps']} steps)", "",
                   _table(part["rows"], ["shape", "layers", "hidden_size", "params_m", "ms_median", "ms_min", "ms_max"]), ""]
     if "verify_cost" in results:
-        lines += ["## 2. Verification of k draft tokens on the 7B shape", "",
-                  _table(results["verify_cost"]["rows"], ["context", "k", "ms_median", "ms_min", "ms_max", "vs_step"]), ""]
+        lines += ["## 2. Verification of k draft tokens (chain) or tree nodes on the 7B shape", "",
+                  _table(results["verify_cost"]["rows"], ["shape", "context", "k", "ms_median", "ms_min", "ms_max",
+                                                          "vs_step"]), ""]
     if "bench" in results:
         rows = [{**r, "tok/s": r["tokens_per_second"]["median"], "x AR": r["vs_autoregressive"]["median"],
                  "x ours plain": r["vs_ours_plain"]["median"]} for r in results["bench"]["configs"]]

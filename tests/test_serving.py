@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from specdraft_eval import SpecdecError
-from specdraft_eval.integration.serving import speculative_config, stats_from_vllm
+from specdraft_eval.engine.drafter import static_tree, tree_parents
+from specdraft_eval.integration.serving import sglang_args, speculative_config, stats_from_vllm
 from specdraft_eval.measure.record import SpecdecRecord
 
 # One request's speculative-decoding figures as vLLM reported them (vLLM 0.27 per-request metrics, draft model,
@@ -72,3 +73,32 @@ def test_draft_kinds_map_to_speculative_configs():
                        ("prompt-lookup|org/draft", "serve one of its parts"), ("auto", "zoo recommend")]:
         with pytest.raises(SpecdecError, match=fix):
             speculative_config(draft, 4)
+
+
+def test_trees_map_to_vllms_static_tree_and_sglangs_topk(tmp_path):
+    from conftest import tiny_llama
+    from test_eagle import eagle_dir, eagle3_dir
+
+    # best-first under a 1/(rank + 1) prior, ties to the shallower path: (0) 1, (0 0) 1, (0 0 0) 1, then (1),
+    # (0 1), (1 0) at 1/2 each
+    assert static_tree(2, 3, 6) == [(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]
+    assert static_tree(1, 8, 3) == [(0,), (0, 0), (0, 0, 0)]  # top-1: vLLM's chain
+    assert tree_parents(static_tree(2, 3, 6)) == [-1, -1, 0, 0, 1, 2]
+    target = tiny_llama()
+    head, head3 = eagle_dir(tmp_path, target), eagle3_dir(tmp_path, target)
+    config = speculative_config(f"eagle:{head}@2x3", 6)
+    assert config == {"method": "eagle", "model": str(head), "num_speculative_tokens": 6,
+                      "speculative_token_tree": str(static_tree(2, 3, 6))}
+    assert "speculative_token_tree" not in speculative_config(f"eagle:{head}", 4)
+    assert sglang_args(f"eagle:{head3}@4x5", 16) == {
+        "speculative-algorithm": "EAGLE3", "speculative-draft-model-path": str(head3), "speculative-num-steps": 5,
+        "speculative-eagle-topk": 4, "speculative-num-draft-tokens": 17}  # SGLang counts the root
+    assert sglang_args(f"eagle:{head}", 3)["speculative-num-steps"] == 3
+    assert sglang_args("org/draft", 3)["speculative-algorithm"] == "STANDALONE"
+    assert speculative_config("suffix", 16)["method"] == "suffix"
+    assert speculative_config("suffix:local", 16)["suffix_decoding_max_cached_requests"] == 0
+    with pytest.raises(SpecdecError, match="serve prompt-lookup:3"):
+        speculative_config("prompt-lookup:3x4", 8)
+    for draft in ("suffix", "prompt-lookup", "layers:0-3"):
+        with pytest.raises(SpecdecError, match="SGLang has no counterpart"):
+            sglang_args(draft, 4)

@@ -268,3 +268,15 @@ def test_a_bad_eagle_tree_is_one_line(arg):
     with pytest.raises(SpecdecError, match=r"eagle:DIR@KxD"):
         TreeShape.parse(arg, f"dir@{arg}")
     assert TreeShape.parse("4", "d@4") == TreeShape(4, TreeShape.DEFAULT_DEPTH)
+
+
+def test_flash_attention_refuses_a_tree_in_one_line(target):
+    from specdraft_eval.errors import SpecdecError
+
+    cache = prefill(target, [[3, 4, 5]])
+    target.config._attn_implementation = "flash_attention_2"
+    try:
+        with pytest.raises(SpecdecError, match="sdpa or eager attention"):
+            cache.forward(target, [[5, 6, 7]], 3, trees=[[-1, 0, 0]])
+    finally:
+        target.config._attn_implementation = "sdpa"

@@ -42,6 +42,17 @@ def test_hand_worked_prediction():
     assert predicted_from_latencies(run_counts(), LATENCIES) == pytest.approx(30 / 0.770)
 
 
+def test_a_tree_step_is_charged_its_nodes_not_its_depth():
+    stats = GenerationStats()
+    for nodes, depth, accepted in [(4, 2, 2), (4, 3, 1), (2, 1, 0)]:  # 4-node trees 2-3 deep, a 2-node one
+        stats.record_step(nodes, accepted, depth)
+    stats.generated_tokens = 3 + 3
+    assert stats.drafted_histogram == [0, 0, 1, 0, 2] and stats.drafted_per_position == [3, 2, 1]
+    assert stats.trees and stats.tar_at(2) is None and not run_counts().trees  # no chain estimate for a tree
+    # 2·(4·5 + 60) + (2·5 + 50) = 220 ms (charged by depth it would be 155 ms)
+    assert predicted_from_latencies(stats, LATENCIES) == pytest.approx(6 / 0.220)
+
+
 def test_prediction_never_reads_the_runs_own_seconds():
     fast = run_counts(draft_seconds=0.1, verify_seconds=0.2, decode_seconds=0.31, prefill_seconds=0.05)
     slow = replace(fast, draft_seconds=90.0, verify_seconds=120.0, decode_seconds=500.0, prefill_seconds=9.0)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from specdraft_eval.engine.drafter import Proposal, static_tree, tree_parents
 from specdraft_eval.engine.sampling import Sampler
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.measure.environment import ModelFacts, hardware
@@ -29,9 +30,18 @@ def context_tokens(length: int, vocab: int) -> list[int]:
     return torch.randint(0, vocab, (length,), generator=torch.Generator().manual_seed(0)).tolist()
 
 
+def filler(token: int, nodes: int, tree: bool) -> Proposal:
+    """``nodes`` copies of ``token`` to verify: a chain, or (``tree``) an EAGLE-2-like tree (top-4, 6 deep:
+    :func:`~specdraft_eval.engine.drafter.static_tree`) in depth-first order, so whatever the target accepts
+    is the first columns (the cache rolls back as after a chain)."""
+    if not tree or nodes < 2:
+        return Proposal([token] * nodes)
+    return Proposal([token] * nodes, parents=tree_parents(sorted(static_tree(4, 6, nodes))))
+
+
 @torch.inference_mode()
 def engine_latency(target, drafters: list, gammas: list[int], prompts: list[list[int]],
-                   steps: int) -> tuple[dict[int, Spread], dict[str, DraftTiming]]:
+                   steps: int, trees: bool = False) -> tuple[dict[int, Spread], dict[str, DraftTiming]]:
     """Latencies as a generation experiences them, on the engine's own code and clock.
 
     For each prompt: prefill the target as the engine does, then for ``steps`` steps (after a warm-up) on a
@@ -39,9 +49,8 @@ def engine_latency(target, drafters: list, gammas: list[int], prompts: list[list
     the target's :func:`~specdraft_eval.engine.loop.verify_step` of k = max(γ)..0 draft tokens, rolling the cache
     back after each, exactly as a speculative step does. Returns spreads of ``t_verify`` per k, and per draft
     its :class:`DraftTiming` (``t_draft`` per drafted token, ``draft_prefill_ms_per_token``: its first read of a
-    prompt, per prompt token).
+    prompt, per prompt token). ``trees``: verify k-node token trees (:func:`filler`) instead of chains.
     """
-    from specdraft_eval.engine.drafter import Proposal
     from specdraft_eval.engine.loop import prefill
     from specdraft_eval.engine.taps import FeatureTap
     from specdraft_eval.engine.verify import verify_step
@@ -79,9 +88,9 @@ def engine_latency(target, drafters: list, gammas: list[int], prompts: list[list
                             k = len(proposal.tokens)
                             (per_token[drafter.name] if k else per_call[drafter.name]).append(seconds / max(k, 1))
                 for k in sorted(verify, reverse=True):  # k = 0 last: it leaves the cache one token longer
-                    filler = Proposal([tokens[-1]] * k)
                     start = clock(device)
-                    [(_, next_token)] = verify_step(target, cache, [tokens], [filler], [sampler])
+                    [(_, next_token)] = verify_step(target, cache, [tokens], [filler(tokens[-1], k, trees)],
+                                                    [sampler])
                     seconds = clock(device) - start
                     features = tap.take() if tap else None
                     if k:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -64,6 +65,28 @@ def merge(continuations: list[list[int]], budget: int) -> Proposal:
                 tokens.append(prefix[-1])
                 parents.append(node_of[prefix[:-1]] if depth else -1)
     return Proposal(tokens, parents=parents) if len(continuations) > 1 else Proposal(tokens)
+
+
+def static_tree(topk: int, depth: int, nodes: int) -> list[tuple[int, ...]]:
+    """A static tree of ``nodes`` paths of child ranks (Medusa's and vLLM's ``speculative_token_tree`` form) for a
+    dynamic top-``topk`` tree ``depth`` deep: the paths a head whose rank-r choice is accepted with probability
+    proportional to 1/(r + 1) at every depth would rank first (best-first; parents before children)."""
+    chosen: list[tuple[int, ...]] = []
+    heap = [(-1.0 / (rank + 1), 1, (rank,)) for rank in range(topk)]  # ties: the shallower path first
+    heapq.heapify(heap)
+    while heap and len(chosen) < nodes:
+        negative, length, path = heapq.heappop(heap)
+        chosen.append(path)
+        if length < depth:
+            for rank in range(topk):
+                heapq.heappush(heap, (negative / (rank + 1), length + 1, path + (rank,)))
+    return sorted(chosen, key=lambda path: (len(path), path))
+
+
+def tree_parents(paths: list[tuple[int, ...]]) -> list[int]:
+    """Each path's parent index in ``paths`` (-1: the root), for paths ordered parents first."""
+    index = {path: i for i, path in enumerate(paths)}
+    return [index[path[:-1]] if len(path) > 1 else -1 for path in paths]
 
 
 class Drafter(Protocol):

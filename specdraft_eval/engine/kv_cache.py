@@ -161,6 +161,10 @@ class BatchCache:
                                                                       device=device)
             offsets = torch.arange(width, device=device)[None, :].expand(self.bucket, -1)  # [bucket, width]
             if trees is not None:
+                attention_kind = str(getattr(model.config, "_attn_implementation", None) or "")
+                if attention_kind.startswith("flash"):
+                    raise SpecdecError(f"token trees need a 4D attention mask, which {attention_kind} does not take: "
+                                       "load the target with sdpa or eager attention, or draft a chain")
                 ancestors = _ancestors(trees, self.bucket, width, device)  # [bucket, width, width]
                 offsets = ancestors.sum(-1) - 1  # each column's depth
                 attention = torch.cat([past[:, None, :].expand(-1, width, -1), ancestors & real[:, None, :]], dim=2)

@@ -1,4 +1,4 @@
-"""The serving path: our draft kinds as vLLM ``speculative_config`` dicts, and vLLM's speculative-decoding counters
+"""The serving path: our draft kinds as vLLM ``speculative_config`` dicts and SGLang server arguments, and vLLM's speculative-decoding counters
 as our :class:`~specdraft_eval.measure.stats.GenerationStats`, so the record, the leaderboard and ``zoo rank`` read a vLLM
 run unchanged. Neither needs vLLM installed (see ARCHITECTURE.md, "Beyond one machine").
 
@@ -22,6 +22,7 @@ vLLM's counters (``LLM.get_metrics()`` or the Prometheus endpoint; with or witho
 from __future__ import annotations
 
 from specdraft_eval.drafts.spec import AUTO, COMPOSITE, MODEL, DraftSpec
+from specdraft_eval.engine.drafter import static_tree
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.measure.stats import GenerationStats
 
@@ -29,34 +30,79 @@ COUNTERS = ("spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_deco
             "spec_decode_num_accepted_tokens_per_pos", "generation_tokens", "request_success")
 
 
+def _eagle(arg: str | None):
+    """(head directory or hub id, its :class:`~specdraft_eval.drafts.eagle.TreeShape` or None, its variant)."""
+    from specdraft_eval.drafts.eagle import TreeShape, describe
+
+    where, _, shape = (arg or "").rpartition("@")
+    if not where:
+        where, shape = arg or "", ""
+    tree = TreeShape.parse(shape, arg or "") if shape else None
+    return where, tree, describe(where)[0]
+
+
 def speculative_config(draft: str, num_draft_tokens: int) -> dict:
-    """vLLM's ``speculative_config`` for one of our draft specs, or a one-line error saying what to use instead."""
+    """vLLM's ``speculative_config`` for one of our draft specs, or a one-line error saying what to use instead.
+    ``eagle:DIR@KxD`` (EAGLE-2's dynamic tree) maps to vLLM's static ``speculative_token_tree`` of as many nodes
+    (:func:`static_tree`): vLLM verifies a fixed tree; ``suffix`` to vLLM's suffix decoding with our settings."""
     spec = DraftSpec.parse(draft)
     kind, arg = spec.kind, spec.arg
     if kind == COMPOSITE:
         raise SpecdecError(f"draft {draft!r} is a composite, which vLLM cannot run (one method per config): "
                            "serve one of its parts")
     if kind == "prompt-lookup":
-        low, _, high = (arg or "3").partition("-")
+        sizes, _, branches = (arg or "3").partition("x")
+        if branches and int(branches) > 1:
+            raise SpecdecError(f"vLLM's n-gram lookup drafts chains, not lookup trees ({draft}): serve "
+                               f"prompt-lookup:{sizes}")
+        low, _, high = sizes.partition("-")
         longest = int(high or low)
         shortest = int(low) if high else 1
         return {"method": "ngram", "num_speculative_tokens": num_draft_tokens,
                 "prompt_lookup_max": longest, "prompt_lookup_min": shortest}
+    if kind == "suffix":
+        from specdraft_eval.drafts import suffix
+
+        config = {"method": "suffix", "num_speculative_tokens": num_draft_tokens,
+                  "suffix_decoding_max_tree_depth": suffix.MAX_MATCH, "suffix_decoding_max_spec_factor": 1.0,
+                  "suffix_decoding_min_token_prob": suffix.MIN_PROB}
+        return config | ({"suffix_decoding_max_cached_requests": 0} if arg == "local" else {})
     if kind == "layers":
         raise SpecdecError(f"vLLM cannot run a layer view ({draft}): save it as a draft model with "
                            f"`zoo prune TARGET --keep {arg} --out DIR` and serve draft=DIR")
     if kind == "ngram":
         raise SpecdecError(f"vLLM has no n-gram-table draft ({draft}): serve prompt-lookup (vLLM's ngram) instead")
     if kind == "eagle":
-        from specdraft_eval.drafts.eagle import describe
-
-        return {"method": describe(arg or "")[0], "model": arg, "num_speculative_tokens": num_draft_tokens}
+        where, tree, method = _eagle(arg)
+        config = {"method": method, "model": where, "num_speculative_tokens": num_draft_tokens}
+        if tree is not None:
+            config["speculative_token_tree"] = str(static_tree(tree.topk, tree.depth, num_draft_tokens))
+        return config
     if kind == AUTO:
         raise SpecdecError("resolve draft=auto first (`zoo recommend`), then map the draft it names")
     if kind != MODEL:
         raise SpecdecError(f"vLLM has no counterpart of draft kind {kind!r} ({draft}): serve a draft model or "
                            "prompt-lookup")
     return {"model": arg, "num_speculative_tokens": num_draft_tokens}
+
+
+def sglang_args(draft: str, num_draft_tokens: int) -> dict:
+    """SGLang's server arguments (``sglang.launch_server`` flags, as keys) for one of our draft specs: an EAGLE head
+    (chain: top-1, γ steps; ``@KxD``: top-K, D steps, γ nodes plus the root verified) or a draft model; a one-line
+    error for the kinds SGLang has no counterpart of."""
+    spec = DraftSpec.parse(draft)
+    if spec.kind == "eagle":
+        where, tree, method = _eagle(spec.arg)
+        topk, steps = (tree.topk, tree.depth) if tree else (1, num_draft_tokens)
+        return {"speculative-algorithm": "EAGLE3" if method == "eagle3" else "EAGLE",
+                "speculative-draft-model-path": where, "speculative-num-steps": steps,
+                "speculative-eagle-topk": topk, "speculative-num-draft-tokens": num_draft_tokens + 1}
+    if spec.kind == MODEL:
+        return {"speculative-algorithm": "STANDALONE", "speculative-draft-model-path": spec.arg,
+                "speculative-num-steps": num_draft_tokens, "speculative-eagle-topk": 1,
+                "speculative-num-draft-tokens": num_draft_tokens + 1}
+    raise SpecdecError(f"SGLang has no counterpart of draft {draft!r}: serve an EAGLE head or a draft model there "
+                       "(vLLM maps more kinds: speculative_config)")
 
 
 def _counter(metrics: dict, name: str):

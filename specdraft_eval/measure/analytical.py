@@ -55,14 +55,17 @@ class Latencies:
 def predicted_from_latencies(stats, latencies: Latencies) -> float | None:
     """Tokens/s a run's counts predict with *separately measured* latencies (a profile), never its own seconds.
 
-    Each step that drafted k tokens costs k·t_draft + t_verify(k) (the mix of k from the per-position counts;
-    with none, every step at the mean γ); the draft reads each prompt once. None when a needed latency is missing.
+    Each step that drafted k tokens (a tree's nodes) costs k·t_draft + t_verify(k) (the mix of k from the drafted
+    histogram; in records older than it, from the per-position counts of chains; with none, every step at the mean
+    γ); the draft reads each prompt once. None when a needed latency is missing.
     """
     if not stats.steps or not stats.generated_tokens:
         return None
     verify = {k: v / 1000 for k, v in latencies.t_verify_ms.items()}
     t_draft = latencies.t_draft_ms / 1000
-    if stats.drafted_per_position or not stats.draft_tokens:
+    if stats.drafted_histogram:
+        mix = {k: n for k, n in enumerate(stats.drafted_histogram) if n}
+    elif stats.drafted_per_position or not stats.draft_tokens:
         mix = steps_by_draft_length(stats.drafted_per_position, stats.steps)
     else:  # no per-position counts (a schema-1 record): every step at the nearest measured γ
         mix = {round(stats.draft_tokens / stats.steps): stats.steps}

@@ -11,14 +11,19 @@ Conventions (stated once; the README repeats them):
   requests see.
 - Per position i (0-based), as vLLM counts ``num_accepted_tokens_per_pos``: ``drafted_per_position[i]`` steps
   drafted a token at position i, ``accepted_per_position[i]`` steps had draft token i accepted;
-  ``acceptance_length_histogram[n]`` counts steps that accepted exactly n draft tokens.
+  ``acceptance_length_histogram[n]`` counts steps that accepted exactly n draft tokens, ``drafted_histogram[n]``
+  steps that drafted exactly n.
+- Token trees: a step drafts a tree's nodes (all verified in one target pass: ``mean_num_draft_tokens`` is nodes
+  per step) and accepts one root-to-leaf path; positions are depths (``drafted_per_position[i]``: steps whose tree
+  reached depth i + 1), and ``tar`` is EAGLE's and Spec-Bench's mean accepted length.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 
-POSITION_FIELDS = ("drafted_per_position", "accepted_per_position", "acceptance_length_histogram")
+POSITION_FIELDS = ("drafted_per_position", "accepted_per_position", "acceptance_length_histogram",
+                   "drafted_histogram")
 
 
 def _add_lists(a: list[int], b: list[int]) -> list[int]:
@@ -59,6 +64,7 @@ class GenerationStats:
     drafted_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
     acceptance_length_histogram: list[int] = field(default_factory=list)
+    drafted_histogram: list[int] = field(default_factory=list)
     request_tars: list[float] = field(default_factory=list)
     prompt_tokens: int = 0
     baseline_mismatches: int = 0  # greedy requests whose output differed from plain decoding's
@@ -82,6 +88,7 @@ class GenerationStats:
         self.drafted_per_position = _add_lists(self.drafted_per_position, [1] * depth)
         self.accepted_per_position = _add_lists(self.accepted_per_position, [1] * accepted)
         self.acceptance_length_histogram = _add_lists(self.acceptance_length_histogram, [0] * accepted + [1])
+        self.drafted_histogram = _add_lists(self.drafted_histogram, [0] * drafted + [1])
 
     def end_request(self) -> None:
         """Close a single request's counters: remember its own TAR for the per-request percentiles."""
@@ -91,10 +98,16 @@ class GenerationStats:
     def as_dict(self) -> dict:
         return asdict(self)
 
+    @property
+    def trees(self) -> bool:
+        """Whether some step drafted a token tree (more nodes than depth)."""
+        return bool(self.drafted_per_position) and sum(self.drafted_per_position) < self.draft_tokens
+
     def tar_at(self, gamma: int) -> float | None:
         """Estimated TAR had every step drafted at most ``gamma`` tokens: a step that accepted n tokens would
-        have accepted min(n, gamma). An estimate: step boundaries shift when γ changes."""
-        if not self.steps or not self.acceptance_length_histogram:
+        have accepted min(n, gamma). An estimate: step boundaries shift when γ changes. None for trees (a
+        smaller node budget grows another tree)."""
+        if not self.steps or not self.acceptance_length_histogram or self.trees:
             return None
         accepted = sum(count * min(n, gamma) for n, count in enumerate(self.acceptance_length_histogram))
         return (accepted + self.steps) / self.steps
@@ -180,6 +193,7 @@ class GenerationStats:
             "drafted_per_position": list(self.drafted_per_position),
             "accepted_per_position": list(self.accepted_per_position),
             "acceptance_length_histogram": list(self.acceptance_length_histogram),
+            "drafted_histogram": list(self.drafted_histogram),
             "per_request_mean_accepted_length": self.request_tar_percentiles,
             "mean_num_draft_tokens": drafted / steps if steps else None,
             "draft_ms_per_token": self.draft_ms_per_token,
