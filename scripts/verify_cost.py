@@ -20,12 +20,12 @@ from tabulate import tabulate
 
 from specdraft_eval.engine import kv_cache
 from specdraft_eval.engine.loop import prefill
-from zoo.timing import filler
 from specdraft_eval.files import write_json
 from specdraft_eval.measure.environment import hardware
 from specdraft_eval.measure.timers import clock
 from specdraft_eval.models import kernels
 from specdraft_eval.models.targets import load_target
+from zoo.timing import filler
 
 KS = "0,1,2,4,8,16,32,64"
 SHAPES = ("chain", "tree")

@@ -283,6 +283,7 @@ class EagleDrafter(DrafterBase):
         frontier = [-1]
         hidden = self._last[0]  # [1, H]
         fed: list[int] = []  # tree nodes in the head's cache past the committed prefix, in order
+        fed_hidden = self._last[0, :0]  # [len(fed), H]: their outputs (the inputs of their children)
         for depth in range(self.tree.depth):
             children = expand(hidden, frontier)
             if depth + 1 == self.tree.depth:
@@ -292,11 +293,11 @@ class EagleDrafter(DrafterBase):
             if scores[frontier[0]] < cut:  # no descendant can make the budget's cut
                 break
             parent_rows = [fed.index(parents[n]) if parents[n] >= 0 else -1 for n in frontier]
-            inputs = self._last[0].expand(len(frontier), -1) if depth == 0 else hidden_fed[parent_rows]
+            inputs = self._last[0].expand(len(frontier), -1) if depth == 0 else fed_hidden[parent_rows]
             hidden = head(self._embed(torch.tensor([[tokens[n] for n in frontier]], device=device)), inputs[None],
                           self._cache, torch.full((1, len(frontier)), self._seen + depth, device=device), own=True,
                           mask=self._tree_mask(fed, frontier, parents))[0]  # [k, H]
-            hidden_fed = hidden if depth == 0 else torch.cat([hidden_fed, hidden])
+            fed_hidden = torch.cat([fed_hidden, hidden])
             fed += frontier
         keep = sorted(sorted(range(len(tokens)), key=lambda n: (-scores[n], n))[:budget])  # parents before children
         where = {node: i for i, node in enumerate(keep)}
