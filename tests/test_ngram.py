@@ -35,6 +35,33 @@ def test_ties_go_to_the_smaller_token_whatever_the_order():
     assert NGramDrafter([[1, 2, 5], [1, 2, 9]], 2, 2).propose([1, 2], 1, GREEDY).tokens == [5]
 
 
+def test_a_tree_grows_best_first_over_each_contexts_likeliest_next_tokens():
+    draft = NGramDrafter([[1, 2, 3, 4, 5], [1, 2, 3, 4, 6], [1, 2, 3, 7, 8]], max_n=2, min_n=1, branches=2)
+    # (2, 3) -> 4 (2/3), 7 (1/3); (3, 4) -> 5, 6 (1/2 each: 1/3 along the path); (3, 7) -> 8 (1/3 along)
+    tree = draft.propose([1, 2, 3], 5, GREEDY)
+    assert (tree.tokens, tree.parents) == ([4, 7, 5, 6, 8], [-1, -1, 0, 0, 1])  # ties: the earlier-found first
+    assert draft.propose([1, 2, 3], 3, GREEDY).tokens == [4, 7, 5]
+    assert NGramDrafter([[1, 2, 3, 4, 5]], 2, 1, branches=2).propose([9, 3], 4, GREEDY).tokens == [4, 5]
+
+
+def test_ngram_trees_decode_as_the_target_does(tmp_path, tokenizer):
+    import torch
+    from test_engine import hf_greedy
+
+    from specdraft_eval.engine.loop import speculative_generate_batch
+
+    target = tiny_llama(seed=2)
+    prompts = [[3, 4, 5, 3], [4, 4, 6]]
+    expected = [hf_greedy(target, torch.tensor([p]), 30) for p in prompts]
+    other = [hf_greedy(tiny_llama(seed=3), torch.tensor([p]), 30) for p in prompts]  # another model's habits
+    save_continuations(tmp_path, tokenizer, [p + e for p, e in zip(prompts * 2, expected + other, strict=True)], {})
+    draft = load_draft(f"ngram:{tmp_path}@3", Target(target, tokenizer))
+    out, stats = speculative_generate_batch(target, draft, prompts, 30, num_draft_tokens=6)
+    assert out == expected and stats.accepted_tokens > 0 and stats.trees
+    with pytest.raises(SpecdecError, match="ngram:DIR@B"):
+        load_draft(f"ngram:{tmp_path}@0", Target(target, tokenizer))
+
+
 @pytest.fixture()
 def tokenizer():
     return word_tokenizer(["a", "b", "c"])

@@ -108,3 +108,16 @@ def test_auto_is_resolved_before_loading_and_needs_a_named_target(tmp_path):
         resolve_auto(Target(target.model, target.tokenizer))
     assert resolve_draft("prompt-lookup", target) == "prompt-lookup"  # anything but auto passes through
     assert resolve_draft("auto", target) == resolve_auto(target).draft  # a tiny target with no results: the fallback
+
+
+def test_a_published_tree_draft_localises_with_its_shape(tmp_path, monkeypatch):
+    """`eagle:leaderboard/drafts/…@2x4` (relative to the published base) resolves to an absolute head directory
+    that keeps its tree shape; a missing directory does not load."""
+    from specdraft_eval import published
+    from specdraft_eval.integration.recommend import localised
+
+    monkeypatch.chdir(tmp_path)
+    head = "leaderboard/drafts/smollm2-eagle"
+    assert localised(f"eagle:{head}@2x4") == f"eagle:{published.base() / head}@2x4"
+    assert localised(f"suffix|eagle:{head}@2x4") == f"suffix|eagle:{published.base() / head}@2x4"
+    assert localised("eagle:nowhere/head@2x4") is None

@@ -9,6 +9,7 @@ prompt lookup cannot see because they are not in the prompt.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
 from collections import Counter
 from pathlib import Path
@@ -51,38 +52,65 @@ def load_continuations(directory: Path, tokenizer) -> list[list[int]]:
 
 
 class NGramDrafter(DrafterBase):
-    """Greedy chain over n-gram tables (context of ``min_n`` to ``max_n`` tokens -> most frequent next token);
-    stateless between generations."""
+    """Greedy chain over n-gram tables (context of ``min_n`` to ``max_n`` tokens -> most frequent next token), or
+    with ``branches`` B > 1 a token tree: each node's B most frequent next tokens, grown best-first by the path's
+    probability (each step's share of its context's count), γ nodes at most; stateless between generations."""
 
-    def __init__(self, sequences: list[list[int]], max_n: int = 4, min_n: int = 1, name: str = "ngram") -> None:
-        self.max_n, self.min_n, self.name = max_n, min_n, name
+    def __init__(self, sequences: list[list[int]], max_n: int = 4, min_n: int = 1, name: str = "ngram",
+                 branches: int = 1) -> None:
+        self.max_n, self.min_n, self.name, self.branches = max_n, min_n, name, branches
         counts: dict[tuple[int, ...], Counter] = {}
         for seq in sequences:
             for end in range(1, len(seq)):
                 for n in range(min_n, min(max_n, end) + 1):
                     counts.setdefault(tuple(seq[end - n : end]), Counter())[seq[end]] += 1
-        # ties go to the smaller id, so the table does not depend on insertion order
-        self.table = {ctx: min(c.items(), key=lambda kv: (-kv[1], kv[0]))[0] for ctx, c in counts.items()}
+        # per context: its B most frequent next tokens and their shares; ties go to the smaller id, so the table
+        # does not depend on insertion order
+        self.table = {ctx: [(token, count / c.total()) for token, count in
+                            sorted(c.items(), key=lambda kv: (-kv[1], kv[0]))[:branches]] for ctx, c in counts.items()}
+
+    def _next(self, seq: list[int]) -> list[tuple[int, float]]:
+        """The longest matching context's next tokens and shares ([] when none matches)."""
+        for n in range(min(self.max_n, len(seq)), self.min_n - 1, -1):
+            found = self.table.get(tuple(seq[-n:]))
+            if found is not None:
+                return found
+        return []
 
     def propose(self, tokens: list[int], num_tokens: int, sampler: Sampler) -> Proposal:
-        seq, drafted = list(tokens[-self.max_n :]), []
-        while len(drafted) < num_tokens:
-            for n in range(min(self.max_n, len(seq)), self.min_n - 1, -1):
-                token = self.table.get(tuple(seq[-n:]))
-                if token is not None:
-                    break
-            else:
-                break
-            drafted.append(token)
-            seq.append(token)
-        return Proposal(drafted)
+        context = list(tokens[-self.max_n :])
+        if self.branches == 1:
+            drafted: list[int] = []
+            while len(drafted) < num_tokens and (found := self._next(context + drafted)):
+                drafted.append(found[0][0])
+            return Proposal(drafted)
+        nodes: list[int] = []
+        parents: list[int] = []
+        paths: list[list[int]] = []
+        heap = [(-share, i, -1, token) for i, (token, share) in enumerate(self._next(context))]
+        order = len(heap)
+        heapq.heapify(heap)
+        while heap and len(nodes) < num_tokens:
+            negative, _, parent, token = heapq.heappop(heap)
+            paths.append((paths[parent] if parent >= 0 else []) + [token])
+            nodes.append(token)
+            parents.append(parent)
+            for child, share in self._next(context + paths[-1]):
+                heapq.heappush(heap, (negative * share, order, len(nodes) - 1, child))
+                order += 1
+        return Proposal(nodes, parents=parents)
 
 
 def build(arg: str | None, target: Target) -> NGramDrafter:
-    """Entry point for ``ngram:DIR``."""
+    """Entry point for ``ngram:DIR`` and ``ngram:DIR@B`` (a token tree of each node's B likeliest next tokens)."""
     if not arg:
         raise SpecdecError("ngram needs a directory: ngram:DIR, built by `zoo ngram TARGET --out DIR`")
-    return NGramDrafter(load_continuations(Path(arg), target.tokenizer), name=f"ngram:{arg}")
+    where, _, branches = arg.rpartition("@")
+    if not where or Path(arg).is_dir():
+        where, branches = arg, "1"
+    if not branches.isdigit() or int(branches) < 1:
+        raise SpecdecError(f"bad n-gram tree width in {arg!r}: use ngram:DIR@B with B >= 1, e.g. ngram:DIR@3")
+    return NGramDrafter(load_continuations(Path(where), target.tokenizer), name=f"ngram:{arg}", branches=int(branches))
 
 
 build.path_marker = NGRAM_FILE  # ngram's argument is a directory, recognisable by this file in it

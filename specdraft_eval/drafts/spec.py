@@ -73,19 +73,26 @@ class DraftSpec:
         """The non-composite parts (the spec itself when it is not a composite)."""
         return self.parts if self.kind == COMPOSITE else (self,)
 
+    def _where(self) -> tuple[str, str]:
+        """A directory argument and its tree shape suffix (``DIR@4x6`` -> ``DIR``, ``@4x6``; none: ``""``)."""
+        where, _, shape = (self.arg or "").rpartition("@")
+        if not where or Path(os.path.expanduser(self.arg)).exists():
+            return self.arg or "", ""
+        return where, "@" + shape
+
     def path(self, kinds: dict[str, Callable] | None = None) -> Path | None:
         """The file or folder a non-composite draft needs: a model path, or a kind's directory argument
-        (``path_marker``); None for kinds without files."""
+        (``path_marker``; without a tree shape ``@...``); None for kinds without files."""
         if self.kind == MODEL:
             return Path(os.path.expanduser(self.arg))
         kinds = draft_kinds() if kinds is None else kinds
         if self.arg and getattr(kinds.get(self.kind), "path_marker", None):
-            return Path(os.path.expanduser(self.arg))
+            return Path(os.path.expanduser(self._where()[0]))
         return None
 
     def with_path(self, path: Path) -> DraftSpec:
-        """This spec with its path argument replaced (e.g. made absolute)."""
-        return DraftSpec(self.kind, str(path), self.parts)
+        """This spec with its path argument replaced (e.g. made absolute), its tree shape kept."""
+        return DraftSpec(self.kind, str(path) + (self._where()[1] if self.kind != MODEL else ""), self.parts)
 
     @classmethod
     def composite(cls, parts: list[DraftSpec]) -> DraftSpec:
