@@ -11,8 +11,9 @@ from conftest import tiny_llama
 from scipy.stats import chisquare
 
 from specdraft_eval import speculative_generate, speculative_generate_batch
+from specdraft_eval.drafts import suffix
 from specdraft_eval.drafts.composite import CompositeDrafter
-from specdraft_eval.drafts.eagle import EagleDrafter, new_head
+from specdraft_eval.drafts.eagle import EagleDrafter, TreeShape, new_head
 from specdraft_eval.drafts.model import ModelDrafter
 from specdraft_eval.drafts.prompt_lookup import PromptLookupDrafter
 from specdraft_eval.engine.sampling import Sampler
@@ -77,10 +78,11 @@ SETTINGS = [
 
 
 @pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
-@pytest.mark.parametrize("draft_kind", ["model", "reduced-head", "prompt-lookup", "composite", "eagle", "eagle-reduced"])
+@pytest.mark.parametrize("draft_kind", ["model", "reduced-head", "prompt-lookup", "composite", "eagle", "eagle-reduced",
+                                        "eagle-tree", "suffix"])
 def test_emitted_tokens_follow_target_distribution(target, setting, draft_kind):
-    if draft_kind == "composite" and setting is not SETTINGS[0]:
-        pytest.skip("each composite proposal is one part's own: one setting suffices")
+    if draft_kind in ("composite", "suffix", "eagle-tree") and setting is not SETTINGS[0]:
+        pytest.skip("each composite proposal is one part's own; trees take the same rule at every setting")
     drafts = {
         "model": lambda: ModelDrafter(tiny_llama(seed=7, vocab=VOCAB, layers=1), "d", VOCAB),
         "reduced-head": lambda: ModelDrafter(tiny_llama(seed=7, vocab=VOCAB, layers=1), "r", VOCAB, [0, 1, 3, 4, 6]),
@@ -90,6 +92,8 @@ def test_emitted_tokens_follow_target_distribution(target, setting, draft_kind):
         "eagle": lambda: EagleDrafter(new_head(target, seed=7), target, "e", None),
         "eagle-reduced": lambda: EagleDrafter(new_head(target, [0, 1, 3, 4, 6], seed=7), target, "e",
                                               [0, 1, 3, 4, 6]),
+        "eagle-tree": lambda: EagleDrafter(new_head(target, seed=7), target, "e", None, TreeShape(3, 3)),
+        "suffix": lambda: suffix.build(None, None),
     }
     draft = drafts[draft_kind]()
     expected = exact_joint(target, Sampler(True, **setting))

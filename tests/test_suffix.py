@@ -82,3 +82,20 @@ def test_suffix_decodes_as_the_target_does(rows, arg):
 def test_a_bad_suffix_option_is_one_line():
     with pytest.raises(SpecdecError, match="draft=suffix:local"):
         build("global", None)
+
+
+def test_a_zoo_ngram_directory_seeds_the_corpus(tmp_path):
+    from conftest import word_tokenizer
+
+    from specdraft_eval.drafts.ngram import save_continuations
+    from specdraft_eval.drafts.spec import DraftSpec
+    from specdraft_eval.models.targets import Target
+
+    tokenizer = word_tokenizer(["a", "b", "c"])
+    save_continuations(tmp_path, tokenizer, [[5, 6, 7, 8, 9]], {})
+    draft = build(str(tmp_path), Target(tiny_llama(), tokenizer))
+    assert draft.name == f"suffix:{tmp_path}"
+    assert draft.propose([1, 2, 6, 7], 4, Sampler()).tokens == [8, 9]  # from the first request on
+    assert DraftSpec.parse(f"suffix:{tmp_path}").path() == tmp_path and DraftSpec.parse("suffix:local").path() is None
+    with pytest.raises(SpecdecError, match="zoo ngram"):
+        build(str(tmp_path / "missing"), None)

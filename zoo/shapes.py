@@ -95,7 +95,7 @@ def draft_shape(name: str, target: Shape, record=None) -> Resolved:
         return Resolved(spec.name, head_shape(spec.arg or "", target), "one layer at the target's width")
     if spec.kind != MODEL:  # a model-free kind: its canonical name (built without a target unless it reads files)
         build = kinds[spec.kind]
-        canonical = spec.name if getattr(build, "path_marker", None) else build(spec.arg, None).name
+        canonical = spec.name if spec.path(kinds) is not None else build(spec.arg, None).name
         return Resolved(canonical, None, "model-free")
     try:
         return model_shape(name)

@@ -380,10 +380,18 @@ def variant_of(config: dict, keys=()) -> str:
     return EAGLE
 
 
+def split(arg: str) -> tuple[str, TreeShape | None]:
+    """``DIR``, ``DIR@K`` or ``DIR@KxD`` -> the head (a directory or hub id) and its tree shape (None: a chain)."""
+    where, _, shape = arg.rpartition("@")
+    if not where or Path(os.path.expanduser(arg)).is_dir():
+        return arg, None
+    return where, TreeShape.parse(shape, arg)
+
+
 def describe(arg: str) -> tuple[str, int | None]:
     """The head ``eagle:ARG``'s variant (vLLM's ``method``: ``eagle`` or ``eagle3``) and output vocabulary size
     (None: the target's), from its config files alone."""
-    directory = _directory(arg)
+    directory = _directory(split(arg)[0])
     config = _read_json(directory / "config.json")
     variant = variant_of(config)
     if variant == EAGLE3:
@@ -480,10 +488,7 @@ def build(arg: str | None, target: Target) -> EagleDrafter:
     ``eagle:DIR@KxD`` (EAGLE-2's dynamic tree: top-k K per step, D deep; γ is its node budget)."""
     if not arg:
         raise SpecdecError("eagle needs a head: e.g. draft=eagle:DIR (built by `zoo train-head TARGET --out DIR`)")
-    where, _, shape = arg.rpartition("@")
-    if not where or Path(os.path.expanduser(arg)).is_dir():
-        where, shape = arg, ""
-    tree = TreeShape.parse(shape, arg) if shape else None
+    where, tree = split(arg)
     head, layout = load_head(_directory(where), target.model, target.tokenizer)
     return EagleDrafter(head, target.model, f"eagle:{arg}", layout.token_ids, tree)
 

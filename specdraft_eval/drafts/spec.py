@@ -5,7 +5,8 @@ vLLM mapping and the zoo's model shapes all read its fields. Kinds come from the
 entry-point group (another package adds one by declaring ``KIND = "pkg.module:build"`` there, where
 ``build(arg, target)`` (a :class:`~specdraft_eval.models.targets.Target`) returns a :class:`~specdraft_eval.engine.drafter.Drafter`). A kind whose argument
 is a directory says so with ``build.path_marker = FILE`` (a file every such directory holds): the directory named
-on its own then parses as that kind. Anything else names a separate causal LM (kind ``model``).
+on its own then parses as that kind; one whose argument may be a path says which with ``build.path_of(arg)`` (the
+path, or None). Anything else names a separate causal LM (kind ``model``).
 """
 
 from __future__ import annotations
@@ -86,9 +87,11 @@ class DraftSpec:
         if self.kind == MODEL:
             return Path(os.path.expanduser(self.arg))
         kinds = draft_kinds() if kinds is None else kinds
-        if self.arg and getattr(kinds.get(self.kind), "path_marker", None):
+        build = kinds.get(self.kind)
+        if self.arg and getattr(build, "path_marker", None):
             return Path(os.path.expanduser(self._where()[0]))
-        return None
+        where = getattr(build, "path_of", lambda arg: None)(self.arg) if self.arg else None
+        return Path(os.path.expanduser(where)) if where else None
 
     def with_path(self, path: Path) -> DraftSpec:
         """This spec with its path argument replaced (e.g. made absolute), its tree shape kept."""

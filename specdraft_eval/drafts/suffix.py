@@ -3,7 +3,9 @@
 Where did the text's current suffix occur before, and what followed it there? Each step finds the earlier
 occurrences of the longest suffix of the sequence that occurred before (up to :data:`MAX_MATCH` tokens), in the
 request's own prompt and output and in the outputs of the run's earlier requests (``suffix``; ``suffix:local``:
-the request's own text only), and proposes what followed them as a token tree: a node's probability is the share
+the request's own text only; ``suffix:DIR``: also the target's own continuations of held-in prompts that ``zoo
+ngram`` saved, the data of the n-gram draft, so that the first requests of a run find earlier outputs too), and
+proposes what followed them as a token tree: a node's probability is the share
 of the occurrences that continue through it (counts, as in a suffix tree's nodes), the tree grows best-first by
 probability down to :data:`MIN_PROB`, at most as deep as the match is long, and at most γ nodes.
 """
@@ -11,8 +13,11 @@ probability down to :data:`MIN_PROB`, at most as deep as the match is long, and 
 from __future__ import annotations
 
 import heapq
+import os
 from collections import deque
+from pathlib import Path
 
+from specdraft_eval.drafts.ngram import load_continuations
 from specdraft_eval.engine.drafter import DrafterBase, Proposal
 from specdraft_eval.engine.sampling import Sampler
 from specdraft_eval.errors import SpecdecError
@@ -159,9 +164,19 @@ def _depth(parents: list[int], node: int) -> int:
 
 
 def build(arg: str | None, target: Target) -> SuffixDrafter:
-    """Entry point for ``suffix`` (the request's text and the run's earlier outputs) and ``suffix:local`` (the
-    request's text only)."""
-    if arg not in (None, "", "local"):
+    """Entry point for ``suffix`` (the request's text and the run's earlier outputs), ``suffix:local`` (the
+    request's text only) and ``suffix:DIR`` (also the target's own continuations an n-gram draft directory of
+    ``zoo ngram`` holds, as earlier outputs from the start)."""
+    if arg in (None, "", "local"):
+        return SuffixDrafter(None if arg == "local" else Corpus(), "suffix" + (":local" if arg else ""))
+    if not Path(os.path.expanduser(arg)).is_dir():
         raise SpecdecError(f"bad suffix option {arg!r}: use draft=suffix (the request's text and the run's earlier "
-                           "outputs) or draft=suffix:local (the request's text only)")
-    return SuffixDrafter(None if arg == "local" else Corpus(), "suffix" + (":local" if arg else ""))
+                           "outputs), draft=suffix:local (the request's text only) or draft=suffix:DIR (a directory "
+                           "`zoo ngram` built: its continuations as earlier outputs)")
+    corpus = Corpus()
+    for sequence in load_continuations(Path(os.path.expanduser(arg)), target.tokenizer):
+        corpus.add(sequence)
+    return SuffixDrafter(corpus, f"suffix:{arg}")
+
+
+build.path_of = lambda arg: None if arg in (None, "", "local") else arg  # suffix:DIR reads a directory

@@ -32,12 +32,9 @@ COUNTERS = ("spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_deco
 
 def _eagle(arg: str | None):
     """(head directory or hub id, its :class:`~specdraft_eval.drafts.eagle.TreeShape` or None, its variant)."""
-    from specdraft_eval.drafts.eagle import TreeShape, describe
+    from specdraft_eval.drafts.eagle import describe, split
 
-    where, _, shape = (arg or "").rpartition("@")
-    if not where:
-        where, shape = arg or "", ""
-    tree = TreeShape.parse(shape, arg or "") if shape else None
+    where, tree = split(arg or "")
     return where, tree, describe(where)[0]
 
 
