@@ -181,3 +181,18 @@ def test_rank_h200_on_the_catalogs_llama_shapes_reproduces_the_measured_figures(
     assert deep == pytest.approx(14.94, rel=0.15) and wide == pytest.approx(3.91, rel=0.15)
     assert wide / deep == pytest.approx(3.91 / 14.94, rel=0.10)
     assert "in-sample" in ranking["latency_model_error"]
+
+
+def test_a_tree_is_drafted_in_one_pass_per_depth_and_verified_at_its_width():
+    from zoo.rank import Candidate, rank, tree_depth
+
+    head = "eagle:leaderboard/drafts/smollm2-eagle"
+    assert tree_depth(f"{head}@4x5") == 5 and tree_depth(head) is None
+    assert tree_depth(f"prompt-lookup|{head}@2") == 6 and tree_depth("suffix") is None  # default depth 6
+    chain = Candidate("chain", 2.0, "x", tar={4: 2.0}, tar_source={4: "results"})
+    tree = Candidate("tree", 2.0, "x", tar={12: 2.5}, tar_source={12: "results"}, tree_depth=3)
+    result = rank([chain, tree], 10.0, {4: 12.0, 12: 14.0})
+    by_name = {row.draft: row for row in result.rows}
+    # chain: 2.0 / (4·2 + 12) ms; tree: 2.5 / (3·2 + 14) ms (charged per node it would be 2.5 / 38 ms)
+    assert by_name["chain"].predicted_tokens_per_second == pytest.approx(2.0 / 0.020)
+    assert by_name["tree"].predicted_tokens_per_second == pytest.approx(2.5 / 0.020)

@@ -33,6 +33,22 @@ class Candidate:
     tar_source: dict[int, str] = field(default_factory=dict)  # per γ: results, estimate from a larger γ, measured
     measured_tps: dict[int, float] = field(default_factory=dict)  # shown beside the prediction, never used by it
     missing: str = "missing"  # what to run when there is no TAR
+    tree_depth: int | None = None  # an EAGLE-2 tree's: one draft pass per depth, not per node
+
+    def passes(self, gamma: int) -> int:
+        """Draft forward passes per step at γ: a chain's γ, an EAGLE-2 tree's depth (one pass over each depth's
+        frontier, charged as one token's)."""
+        return min(gamma, self.tree_depth) if self.tree_depth else gamma
+
+
+def tree_depth(draft: str) -> int | None:
+    """The depth of the EAGLE-2 tree ``draft`` grows (its first model part's, in a composite), None for a chain."""
+    from specdraft_eval.drafts.eagle import split
+    from specdraft_eval.drafts.spec import DraftSpec
+
+    part = next((p for p in DraftSpec.parse(draft).leaves() if p.kind == "eagle"), None)
+    tree = split(part.arg or "")[1] if part is not None else None
+    return tree.depth if tree else None
 
 
 def tar_from_results(files: list[ResultsFile], target: str, task: str, draft: str) -> tuple[dict[int, float], dict[int, str]]:
@@ -143,12 +159,13 @@ def rank(candidates: list[Candidate], t_target_ms: float, t_verify_ms: dict[int,
          gammas: list[int] | None = None, latency_model_error: str | None = None) -> RankResult:
     """Rows sorted by predicted tokens/s at each draft's best γ (drafts without TAR last).
 
-    Every γ with a TAR (restricted to ``gammas`` when given) and a verification time is predicted.
+    Every γ with a TAR (restricted to ``gammas`` when given) and a verification time is predicted; a token tree of
+    γ nodes is verified at width γ + 1 and drafted in :meth:`Candidate.passes` passes.
     """
     rows = []
     for c in candidates:
         predicted = {
-            gamma: predicted_tokens_per_second(tar, gamma, c.t_draft_ms / 1000, t_verify_ms[gamma] / 1000)
+            gamma: predicted_tokens_per_second(tar, c.passes(gamma), c.t_draft_ms / 1000, t_verify_ms[gamma] / 1000)
             for gamma, tar in sorted(c.tar.items())
             if gamma in t_verify_ms and (gammas is None or gamma in gammas)
         }

@@ -23,6 +23,7 @@ from zoo.rank import (
     missing_tar_hint,
     rank,
     tar_from_results,
+    tree_depth,
 )
 from zoo.timing import ensure_profile
 
@@ -77,7 +78,7 @@ def run_rank(target_name: str, options: RankOptions = RankOptions(),
                       r.shape.parameters / 1e6 if r.shape else None,
                       r.shape.kv_bytes_per_token() if r.shape else 0)
         c.tar, c.tar_source = tar_from_results(files, target_name, task, name)
-        c.missing = missing_tar_hint(target_name, task, name)
+        c.missing, c.tree_depth = missing_tar_hint(target_name, task, name), tree_depth(name)
         candidates.append(c)
     if n_measure:
         _measure_tar(settings.load(target_name), task, n_measure, candidates, gammas or list(MEASURE_GAMMAS),
