@@ -39,6 +39,7 @@ declare -A configs=(
   [suffix-ngram]="$target,draft=suffix:$drafts/smollm2-ngram,num_draft_tokens=16"  # + the n-gram draft's data
   [eagle-tree]="$target,draft=eagle:$drafts/smollm2-eagle@2x4,num_draft_tokens=6"  # EAGLE-2: top-2, 4 deep
   [eagle-tree-large]="$target,draft=eagle:$drafts/smollm2-eagle@8x6,num_draft_tokens=24"  # the head's accepted length
+  [eagle-tree-xl]="$target,draft=eagle:$drafts/smollm2-eagle@12x7,num_draft_tokens=48"
   [suffix-ngram_eagle-tree]="$target,draft=suffix:$drafts/smollm2-ngram|eagle:$drafts/smollm2-eagle@2x4,num_draft_tokens=8"
   [prompt-lookup_eagle-tree]="$target,draft=prompt-lookup:2-3|eagle:$drafts/smollm2-eagle@2x4,num_draft_tokens=6"
   [as-target_smollm2-5l-distilled]="pretrained=$drafts/smollm2-5l-distilled,draft=prompt-lookup"  # its accuracy
@@ -54,7 +55,7 @@ configs[sweep]="zoo profile --sweep"  # latency by depth and width on this machi
 order=(prompt-lookup ngram prompt-lookup_ngram layers_0-1 layers_0-4 layers_0-9 layers_0-19 layers_0-24 layers_uniform-2
        layers_uniform-5 layers_uniform-10 layers_bi-10 smollm2-5l-distilled smollm2-10l-distilled smollm2-5l-distilled_fixed
        smollm2-10l-distilled_fixed smollm2-5l-bi smollm2-5l-bi-v4096 eagle prompt-lookup_eagle prompt-lookup_eagle_dynamic
-       prompt-lookup-tree suffix suffix-ngram eagle-tree eagle-tree-large suffix-ngram_eagle-tree prompt-lookup_eagle-tree
+       prompt-lookup-tree suffix suffix-ngram eagle-tree eagle-tree-large eagle-tree-xl suffix-ngram_eagle-tree prompt-lookup_eagle-tree
        as-target_smollm2-5l-distilled auto
        lm_target "${models[@]/#/lm_}" sweep)
 names=("${@:-${order[@]}}")
