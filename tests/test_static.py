@@ -88,6 +88,12 @@ def test_compiled_steps_give_the_same_tokens(target):
     for name in ("prompt-lookup", "layers"):
         assert speculative_generate(target, drafts(target)[name], prompt, 40, num_draft_tokens=3,
                                     compile=True)[0] == expected, name
+    from test_trees import RandomTree
+
+    tree = RandomTree(target, 64)
+    tree.drafts_trees = True
+    out, stats = speculative_generate(target, tree, prompt, 40, num_draft_tokens=4, compile=True)
+    assert out == expected and stats.trees and stats.recompiles == 0  # the tree step compiled, in the warm-up
     assert autoregressive_generate(target, prompt, 40, compile=True)[0] == expected
     assert graphs.runtime(target, 1, True).step.compiled is not None  # it compiled: no fallback
 
@@ -157,6 +163,28 @@ def test_a_longer_request_grows_the_capacity_in_steps_and_counts_it_as_warm_up(d
     assert short.compile_seconds > 0 and grown.compile_seconds > 0 and grown.recompiles == 0
 
 
+def test_compiled_tree_steps_compile_in_the_warm_up_only(dynamo_only, monkeypatch):
+    """A draft of token trees runs its verification compiled too: one more graph per batch bucket (the 4D mask, its
+    width and reach dynamic), compiled in the warm-up; the tokens are transformers' own. Negative control: a draft
+    that does not say it drafts trees gets no tree warm-up, and its timed steps compile."""
+    from test_trees import RandomTree
+
+    target = tiny_llama(seed=0)
+    draft = RandomTree(target, 64)
+    draft.drafts_trees = True
+    before = graphs.compiled_graphs()
+    for rows in ([list(range(2, 7))], [list(range(2, 2 + n)) for n in (3, 11, 6)], [list(range(5, 14))]):
+        out, stats = speculative_generate_batch(target, draft, rows, 20, num_draft_tokens=5, compile=True,
+                                                capacity=300)
+        assert out == [hf_greedy(target, torch.tensor([row]), 20) for row in rows]
+        assert stats.recompiles == 0 and stats.trees
+    assert graphs.compiled_graphs() - before <= 3 * 2  # width 1, wider chains, trees; buckets 1 and 4
+    monkeypatch.setattr(graphs, "_RUNTIMES", type(graphs._RUNTIMES)())
+    draft.drafts_trees = False
+    unwarmed = speculative_generate(target, draft, torch.arange(2, 12)[None], 20, num_draft_tokens=5, compile=True)[1]
+    assert unwarmed.recompiles > 0
+
+
 def test_the_count_fails_where_shapes_change_per_request(dynamo_only, monkeypatch):
     """Negative control: with the width static again (one graph per width), the same run compiles more graphs
     than the bound above, and a request wider than its warm-up recompiles during timed steps."""
@@ -168,7 +196,7 @@ def test_the_count_fails_where_shapes_change_per_request(dynamo_only, monkeypatc
         speculative_generate_batch(target, draft, rows, 30, num_draft_tokens=gamma, dynamic_gamma=dynamic,
                                    compile=True, capacity=200)
     assert graphs.compiled_graphs() - before > 2 * 2
-    monkeypatch.setattr(graphs.StaticRuntime, "warm_up", lambda self, cache, widths: 0.0)
+    monkeypatch.setattr(graphs.StaticRuntime, "warm_up", lambda self, cache, widths, trees=False: 0.0)
     monkeypatch.setattr(graphs, "_RUNTIMES", type(graphs._RUNTIMES)())
     cold = speculative_generate(target, draft, torch.arange(2, 12)[None], 20, compile=True)[1]
     assert cold.recompiles > 0

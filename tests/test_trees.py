@@ -280,3 +280,18 @@ def test_flash_attention_refuses_a_tree_in_one_line(target):
             cache.forward(target, [[5, 6, 7]], 3, trees=[[-1, 0, 0]])
     finally:
         target.config._attn_implementation = "sdpa"
+
+
+def test_tree_drafts_say_so_for_the_compiled_warm_up(target):
+    from specdraft_eval.drafts import prompt_lookup, suffix
+    from specdraft_eval.drafts.composite import CompositeDrafter
+    from specdraft_eval.drafts.eagle import EagleDrafter, TreeShape, new_head
+    from specdraft_eval.drafts.ngram import NGramDrafter
+
+    head = new_head(target, seed=7)
+    assert EagleDrafter(head, target, "e", None, TreeShape(2, 3)).drafts_trees
+    assert not EagleDrafter(head, target, "e", None).drafts_trees
+    assert prompt_lookup.build("3x2", None).drafts_trees and not prompt_lookup.build("3", None).drafts_trees
+    assert NGramDrafter([[1, 2, 3]], branches=2).drafts_trees and not NGramDrafter([[1, 2, 3]]).drafts_trees
+    assert suffix.build(None, None).drafts_trees
+    assert CompositeDrafter([prompt_lookup.build("3", None), suffix.build(None, None)]).drafts_trees

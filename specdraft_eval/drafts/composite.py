@@ -28,6 +28,7 @@ class CompositeDrafter(DrafterBase):
             raise SpecdecError(f"composite {self.name} has parts reading different hidden states of the target: "
                                "combine one feature-level head with model-free drafts")
         self.taps: tuple[int, ...] = next(iter(reading), ())
+        self.drafts_trees = any(p.drafts_trees for p in parts)
 
     def observe(self, features: torch.Tensor) -> None:
         """Every part that reads features sees them all, whichever part drafted."""

@@ -198,6 +198,7 @@ class EagleDrafter(DrafterBase):
     def __init__(self, head: EagleHead, target, name: str, token_ids: list[int] | None,
                  tree: TreeShape | None = None) -> None:
         self.model, self.name, self.taps, self.tree = head, name, head.taps, tree
+        self.drafts_trees = tree is not None
         self.vocab_size = target.config.vocab_size
         self._embed = target.get_input_embeddings()
         self._ids = torch.tensor(token_ids, dtype=torch.long, device=target.device) if token_ids else None

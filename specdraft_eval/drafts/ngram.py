@@ -59,6 +59,7 @@ class NGramDrafter(DrafterBase):
     def __init__(self, sequences: list[list[int]], max_n: int = 4, min_n: int = 1, name: str = "ngram",
                  branches: int = 1) -> None:
         self.max_n, self.min_n, self.name, self.branches = max_n, min_n, name, branches
+        self.drafts_trees = branches > 1
         counts: dict[tuple[int, ...], Counter] = {}
         for seq in sequences:
             for end in range(1, len(seq)):

@@ -24,6 +24,7 @@ class PromptLookupDrafter(DrafterBase):
                                f"{min_ngram}-{max_ngram}x{branches}); e.g. prompt-lookup:3, prompt-lookup:2-3 or "
                                "prompt-lookup:3x4")
         self.max_ngram, self.min_ngram, self.branches = max_ngram, min_ngram, branches
+        self.drafts_trees = branches > 1
         sizes = f"{max_ngram}" if min_ngram == 1 else f"{min_ngram}-{max_ngram}"
         self.name = f"prompt-lookup:{sizes}" + (f"x{branches}" if branches > 1 else "")
 

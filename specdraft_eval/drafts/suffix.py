@@ -93,6 +93,8 @@ class Corpus:
 class SuffixDrafter(DrafterBase):
     """Suffix decoding over the request's text and (``corpus``) the run's earlier outputs."""
 
+    drafts_trees = True
+
     def __init__(self, corpus: Corpus | None, name: str) -> None:
         self.corpus, self.name = corpus, name
         self.reset()

@@ -110,6 +110,9 @@ class Drafter(Protocol):
         drafter may return itself)."""
         ...
 
+    drafts_trees: bool
+    """Whether ``propose`` may return token trees (a compiled run then also warms up the tree step)."""
+
     taps: tuple[int, ...]
     """Which of the target's hidden states the draft reads back (cf. transformers' ``update_candidate_strategy``):
     ``i`` is the input of decoder layer i, :data:`FINAL` the last hidden state after the final norm; () for none."""
@@ -126,12 +129,13 @@ FINAL = -1
 
 class DrafterBase:
     """The :class:`Drafter` defaults a draft kind subclasses: no model, no state (``reset`` does nothing, ``fork``
-    returns the drafter itself) and no features read back (``taps = ()``). Set ``name``, implement ``propose``,
+    returns the drafter itself), no features read back (``taps = ()``) and chains only (``drafts_trees``). Set ``name``, implement ``propose``,
     and override the rest where they do not fit (a drafter with a KV cache resets and forks it)."""
 
     name: str
     model: torch.nn.Module | None = None
     taps: tuple[int, ...] = ()
+    drafts_trees: bool = False
 
     def propose(self, tokens: list[int], num_tokens: int, sampler: Sampler) -> Proposal:
         raise NotImplementedError(f"{type(self).__name__} must implement propose(tokens, num_tokens, sampler)")

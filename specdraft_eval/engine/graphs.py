@@ -6,7 +6,8 @@ bucket (rows rounded up to a power of two), allocated once at a capacity that on
 With ``compile=true`` the target's decode and verification steps go through ``torch.compile`` (on a GPU
 ``mode="reduce-overhead"``: CUDA graphs) with the step's width and its attention's reach (the filled positions,
 rounded up to ``kv_cache.ATTEND_STEP``) dynamic: one graph for width 1 and one for every wider step serve the whole
-run per batch bucket (on a GPU, one CUDA graph per width and reach). :meth:`StaticRuntime.warm_up` compiles and runs
+run per batch bucket (on a GPU, one CUDA graph per width and reach), and a third for token trees (their 4D mask, its
+width and reach dynamic too) where the draft drafts them. :meth:`StaticRuntime.warm_up` compiles and runs
 every width and reach the run can use before the first timed step, and reports the seconds apart. The prefill stays
 eager (its length changes with every prompt). Where compiling fails, one warning line says so and the step runs
 eagerly from then on: the output is the same.
@@ -27,7 +28,7 @@ from specdraft_eval.measure.timers import clock
 
 log = logging.getLogger(__name__)
 CAPACITY_STEP = ATTEND_STEP  # a static cache's positions are a multiple of this (and of every compiled reach)
-GRAPH_LIMIT = 64  # dynamo's graphs per code object: batch buckets x capacities x 2
+GRAPH_LIMIT = 64  # dynamo's graphs per code object: batch buckets x capacities x 3
 _RUNTIMES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {compile: StaticRuntime}
 
 
@@ -69,6 +70,10 @@ class CompiledStep:
                 for name in ("input_ids", "position_ids"):
                     if inputs.get(name) is not None:
                         torch._dynamo.maybe_mark_dynamic(inputs[name], 1)
+                mask = inputs.get("attention_mask")
+                if mask is not None and mask.dim() == 4:  # a token tree's: [rows, 1, width, reach]
+                    torch._dynamo.maybe_mark_dynamic(mask, 2)
+                    torch._dynamo.maybe_mark_dynamic(mask, 3)
             try:
                 out = self.compiled(**inputs)
                 out.logits = out.logits.clone()  # a CUDA graph's output buffer is overwritten by its next replay
@@ -88,7 +93,7 @@ class StaticRuntime:
         self.model, self.capacity = model, capacity
         self.step = CompiledStep(model) if compile else None
         self.caches: dict[int, StaticCache] = {}
-        self.warm: set[tuple[int, int]] = set()  # (bucket, width) warmed up
+        self.warm: set[tuple[int, int, bool]] = set()  # (bucket, width, tree) warmed up
 
     def cache(self, rows: int) -> BatchCache:
         """An empty :class:`BatchCache` of ``rows`` rows over this runtime's static cache for their bucket."""
@@ -100,23 +105,26 @@ class StaticRuntime:
             rollback(static, 0)
         return BatchCache(rows, static, size)
 
-    def warm_up(self, cache: BatchCache, widths: range) -> float:
+    def warm_up(self, cache: BatchCache, widths: range, trees: bool = False) -> float:
         """Run each step width not yet run at ``cache``'s bucket, over every attention prefix the capacity allows
-        (on a GPU three times: CUDA-graph warm-up, recording, replay), then drop it from the cache; returns the
-        seconds it took (compilation, recording): time no figure includes."""
-        todo = [w for w in widths if (cache.bucket, w) not in self.warm]
+        (on a GPU three times: CUDA-graph warm-up, recording, replay), and with ``trees`` each width above 1 as a
+        token tree too (its 4D mask: one more graph), then drop it from the cache; returns the seconds it took
+        (compilation, recording): time no figure includes."""
+        todo = [(w, tree) for w in widths for tree in (False, True)[: 2 if trees and w > 1 else 1]
+                if (cache.bucket, w, tree) not in self.warm]
         if self.step is None or not todo:
             return 0.0
         device = self.model.device
         start, filled = clock(device), cache.columns
         calls = 3 if device.type == "cuda" else 1
         saved, cache.step = cache.step, self.step
-        for width in todo:
+        for width, tree in todo:
+            shape = [list(range(-1, width - 1))] * len(cache.lengths) if tree else None  # any tree: the mask is data
             for reach in range(ATTEND_STEP, self.capacity + ATTEND_STEP, ATTEND_STEP):
                 for _ in range(calls):
-                    cache.forward(self.model, [[0] * width] * len(cache.lengths), width, reach)
+                    cache.forward(self.model, [[0] * width] * len(cache.lengths), width, reach, trees=shape)
                     rollback(cache.cache, filled)
-            self.warm.add((cache.bucket, width))
+            self.warm.add((cache.bucket, width, tree))
         cache.step = saved
         return clock(device) - start
 

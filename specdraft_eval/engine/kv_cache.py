@@ -120,7 +120,8 @@ class BatchCache:
     (:meth:`compact`) once they are half the cache, or a static cache is full. A static cache has ``bucket`` rows
     (a power of two, so that batches of similar size share compiled steps): rows past the live ones are *dead*,
     fed nothing and attending to their first column only, and rows that finish become dead in place; with more
-    than one row it always passes the mask and position ids, so each step's inputs keep one form. ``step``, when
+    than one row (or ``always_masked``: a draft of trees, whose paths leave holes) it always passes the mask and
+    position ids, so each step's inputs keep one form. ``step``, when
     set, runs the forward passes after the prefill (a compiled forward: :mod:`specdraft_eval.engine.graphs`).
     """
 
@@ -131,6 +132,7 @@ class BatchCache:
         self.mask: torch.Tensor | None = None  # [bucket, columns] bool: True where a column holds a real token
         self.lengths = [0] * rows  # real columns per live row
         self.step: Callable | None = None
+        self.always_masked = static is not None and self.bucket > 1  # pass the mask and position ids every step
         self._appended: list[int] = []  # tokens each row fed in the last forward pass
 
     @property
@@ -144,7 +146,8 @@ class BatchCache:
         ``trees``, per row, each new column's parent column in the block (-1 for the first): a column then attends
         to the row's past and its own ancestors only, at position length + depth (a token tree). Follow with
         :meth:`keep`. A static cache's compiled step attends over the filled positions rounded up to
-        ``ATTEND_STEP`` (one CUDA graph per step of it), or ``reach`` if more (the warm-up visits each)."""
+        ``ATTEND_STEP`` (one CUDA graph per step of it), or ``reach`` if more (the warm-up visits each); a tree's
+        mask spans the same positions."""
         live, width = len(tokens), max(len(row) for row in tokens)
         tokens = tokens + [[]] * (self.bucket - live)  # dead rows feed nothing
         if self.capacity is not None and self.columns + width > self.capacity:
@@ -152,11 +155,13 @@ class BatchCache:
             if self.columns + width > self.capacity:
                 raise SpecdecError(f"static KV cache of {self.capacity} positions is full: a bug, please report it")
         start, device = self.columns, model.device
+        keys = start + width  # what attention reads: the filled positions, a compiled step's rounded up
+        if self.capacity is not None and self.step is not None:
+            keys = min(self.capacity, max(reach, -(-keys // ATTEND_STEP) * ATTEND_STEP))
         ids = torch.tensor([row + [0] * (width - len(row)) for row in tokens], dtype=torch.long, device=device)
         real = torch.tensor([[j < len(row) for j in range(width)] for row in tokens], device=device)  # [bucket, width]
         attention = position_ids = None
-        if (self.mask is not None or not bool(real.all()) or trees is not None
-                or (self.capacity is not None and self.bucket > 1)):
+        if self.mask is not None or not bool(real.all()) or trees is not None or self.always_masked:
             past = self.mask if self.mask is not None else torch.ones(self.bucket, start, dtype=torch.bool,
                                                                       device=device)
             offsets = torch.arange(width, device=device)[None, :].expand(self.bucket, -1)  # [bucket, width]
@@ -168,7 +173,8 @@ class BatchCache:
                 ancestors = _ancestors(trees, self.bucket, width, device)  # [bucket, width, width]
                 offsets = ancestors.sum(-1) - 1  # each column's depth
                 attention = torch.cat([past[:, None, :].expand(-1, width, -1), ancestors & real[:, None, :]], dim=2)
-                attention = additive(attention, model.dtype)  # [bucket, 1, width, columns + width]
+                attention = torch.nn.functional.pad(attention, (0, keys - start - width))  # a compiled reach
+                attention = additive(attention, model.dtype)  # [bucket, 1, width, keys]
             else:
                 attention = torch.cat([past, real], dim=1).long()  # [bucket, columns + width]
                 if self.capacity is not None:  # a static shape: every allocated position, the unwritten ones masked
@@ -176,11 +182,8 @@ class BatchCache:
             lengths = self.lengths + [0] * (self.bucket - live)
             position_ids = torch.tensor(lengths, device=device)[:, None] + offsets  # [bucket, width]
         if self.capacity is not None:  # what is filled; compiled, rounded up (bounded recompiles and CUDA graphs)
-            need = start + width
-            attend(self.cache, need if self.step is None or trees is not None else
-                   min(self.capacity, max(reach, -(-need // ATTEND_STEP) * ATTEND_STEP)))
-        step = self.step if trees is None else None  # a tree's 4D mask runs eagerly
-        logits = (step or model)(input_ids=ids, attention_mask=attention, position_ids=position_ids,
+            attend(self.cache, keys)
+        logits = (self.step or model)(input_ids=ids, attention_mask=attention, position_ids=position_ids,
                                  cache=self.cache, use_cache=True,
                                  logits_to_keep=0 if keep_logits == width else keep_logits
                                  ).logits  # [bucket, keep_logits, vocab]

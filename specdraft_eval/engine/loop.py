@@ -146,8 +146,10 @@ def _decode(target, draft: Drafter, prompts: list[list[int]], params: DecodePara
     tap = FeatureTap(target, draft.taps) if draft.taps else None
     try:
         cache = prefill(target, prompts, static.cache(len(prompts)) if static else None)
+        cache.always_masked |= static is not None and draft.drafts_trees  # a tree's path leaves holes: one input form
         prefilled = tap.take() if tap else None  # [rows, longest prompt - 1, features]
-        warm_up = static.warm_up(cache, range(1, largest_gamma + 2)) if static else 0.0  # before any timed step
+        warm_up = (static.warm_up(cache, range(1, largest_gamma + 2), draft.drafts_trees)  # before any timed step
+                   if static else 0.0)
         if tap:
             tap.take()  # the warm-up's features: nobody's
         cache.step = static.step if static else None

@@ -67,8 +67,8 @@ def verify_step(target, cache: BatchCache, tokens: list[list[int]], proposals: l
     columns off the accepted path. Returns, per row, (accepted nodes, the target's next token). ``zoo profile``
     times exactly this call."""
     width = 1 + max(len(p.tokens) for p in proposals)
-    trees = ([[-1, *(1 + parent for parent in p.tree)] for p in proposals]
-             if any(p.parents is not None for p in proposals) else None)  # per row: each column's parent column
+    branching = any(p.parents is not None and p.parents != list(range(-1, len(p.tokens) - 1)) for p in proposals)
+    trees = [[-1, *(1 + parent for parent in p.tree)] for p in proposals] if branching else None  # parent columns
     logits = cache.forward(target, [[row[-1], *p.tokens] for row, p in zip(tokens, proposals, strict=True)],
                            width, trees=trees)  # [rows, width, vocab]
     verdicts = [accept(logits[i, : len(p.tokens) + 1], p, sampler)
