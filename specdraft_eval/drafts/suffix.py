@@ -67,14 +67,16 @@ class Corpus:
         self.outputs: deque[list[int]] = deque()
         self.running: list[tuple[list[int], int]] = []  # (a row's tokens, its prompt length)
 
-    def begin(self, tokens: list[int]) -> None:
-        """A generation begins with the list ``tokens`` will fill: add every finished one's output first."""
+    def begin(self) -> None:
+        """A generation begins: add every finished one's output first."""
         for row, prompt in self.running:
             if len(row) > prompt:
                 self.add(row[prompt:])
         self.running = [(row, prompt) for row, prompt in self.running if len(row) <= prompt]
 
     def track(self, tokens: list[int], prompt: int) -> None:
+        """Read ``tokens`` (a row's growing sequence, its first ``prompt`` the prompt) when the next generation
+        begins."""
         self.running.append((tokens, prompt))
 
     def add(self, output: list[int]) -> None:
@@ -100,21 +102,19 @@ class SuffixDrafter(DrafterBase):
         self.reset()
 
     def reset(self, capacity: int | None = None) -> None:
-        self.text = Text()
-        self.tokens: list[int] = []  # this generation's sequence, as the corpus will read it
+        self.text = Text()  # this generation's sequence (the corpus reads its tokens once the next one begins)
         if self.corpus is not None:
-            self.corpus.begin(self.tokens)
+            self.corpus.begin()
 
     def fork(self) -> SuffixDrafter:
         return SuffixDrafter(self.corpus, self.name)
 
     def propose(self, tokens: list[int], num_tokens: int, sampler: Sampler) -> Proposal:
-        known = len(self.tokens)
-        if known and (len(tokens) < known or tokens[known - 1] != self.tokens[-1]):  # not this generation's
+        known = self.text.tokens
+        if known and (len(tokens) < len(known) or tokens[len(known) - 1] != known[-1]):  # not this generation's
             self.reset()
-        if not self.tokens and self.corpus is not None:
-            self.corpus.track(self.tokens, len(tokens))
-        self.tokens += tokens[len(self.tokens):]
+        if not self.text.tokens and self.corpus is not None:
+            self.corpus.track(self.text.tokens, len(tokens))
         self.text.extend(tokens[len(self.text.tokens):])
         sources = [self.text] + ([self.corpus.text] if self.corpus is not None else [])
         found = [(length, text, end) for text in sources for length, end in text.matches(tokens)
