@@ -50,8 +50,8 @@ def test_specdec_is_registered_next_to_lm_evals_own_models():
     assert done.stdout.split() == ["SpecDecLM", "HFLM"], done.stderr
 
 
-@pytest.mark.parametrize("draft,batch_size", [("prompt-lookup", "4"), ("layers:0-3+29", "2"), ("prompt-lookup:3x3", "1"),
-                                              ("eagle:leaderboard/drafts/smollm2-eagle@2x4", "1"),
+@pytest.mark.parametrize("draft,batch_size", [("prompt-lookup", "4"), ("layers:0-3+29", "2"),
+                                              ("prompt-lookup:3x3|eagle:leaderboard/drafts/smollm2-eagle@2x4", "1"),
                                               ("suffix|eagle:leaderboard/drafts/smollm2-eagle@2x4", "4")])
 def test_greedy_output_identical_to_hf(hf_run, tmp_path, draft, batch_size):
     """Batched speculative decoding (lm-eval batches of 2 and 4) against hf's batch-1 plain decoding; token trees
