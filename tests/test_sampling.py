@@ -29,11 +29,30 @@ def target():
     return tiny_llama(seed=0, vocab=VOCAB)
 
 
+def warped(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """Sampling's distribution written out from its definitions, independently of the engine's ``Sampler``:
+    logits / temperature; only the top_k largest kept; then the nucleus: the most likely tokens whose probability
+    adds up to top_p, the one that crosses it included (at least one); renormalised."""
+    probs = torch.softmax(logits.double() / temperature, dim=-1)
+    order = torch.argsort(probs, descending=True)
+    keep = torch.zeros_like(probs, dtype=torch.bool)
+    total = 0.0
+    for rank, token in enumerate(order.tolist()):
+        if (top_k and rank >= top_k) or (rank and total >= top_p):
+            break
+        keep[token] = True
+        total += float(probs[token])
+    probs = torch.where(keep, probs, torch.zeros_like(probs))
+    return probs / probs.sum()
+
+
 def exact_joint(target, sampler: Sampler) -> dict[tuple[int, ...], float]:
-    """The target's exact probability of every 3-token continuation, marginalised to (x1, x2) and x3."""
+    """The target's exact probability of every 3-token continuation, marginalised to (x1, x2) and x3, under
+    ``sampler``'s settings (its temperature, top-k and top-p, applied by :func:`warped`, not by the sampler)."""
+    settings = {"temperature": sampler.temperature, "top_k": sampler.top_k, "top_p": sampler.top_p}
     with torch.inference_mode():
         def dist(tokens):
-            return sampler.probs(target(torch.tensor([tokens])).logits[0, -1:])[0]
+            return warped(target(torch.tensor([tokens])).logits[0, -1], **settings)
 
         p1 = dist(PROMPT)
         joint12, marginal3 = {}, torch.zeros(VOCAB)
@@ -107,6 +126,15 @@ def test_emitted_tokens_follow_target_distribution(target, setting, draft_kind):
     assert 0 < accepted < drafted  # both acceptance and rejection paths were exercised
     p12, p3 = fit(samples, expected)
     assert p12 > 1e-3 and p3 > 1e-3, (p12, p3)
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
+def test_the_samplers_warping_is_the_definitions(target, setting):
+    """The engine's warping (transformers' warpers) against :func:`warped`, on the target's own logits."""
+    with torch.inference_mode():
+        logits = target(torch.tensor([PROMPT])).logits[0]  # [len(PROMPT), VOCAB]
+    ours = Sampler(True, **setting).probs(logits).double()
+    assert torch.allclose(ours, torch.stack([warped(row, **setting) for row in logits]), atol=1e-6)
 
 
 def test_batch_one_sampling_follows_target_distribution(target):
