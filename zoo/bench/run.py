@@ -9,7 +9,8 @@ compiled beside the eager ones: ours with ``compile=true`` (one static cache sha
 compiled in the warm-up) and transformers' ``generate`` with its own static cache and compilation, both on plain
 kernels (what compiles); each row gives its warm-up seconds (compilation included) and the graphs compiled during
 its timed runs apart. Every output must equal the autoregressive one token for token. Wall time is split into the
-target's and the draft's forward passes (module hooks) and the rest (engine overhead).
+target's and the draft's passes (our speculative engine's own clock; transformers' rows: module hooks) and the
+rest (engine overhead).
 """
 
 from __future__ import annotations
@@ -285,7 +286,7 @@ def summarise(configs: list[Config], target, target_name: str, gamma: int, max_n
             config.engine, config.kernels, config.draft, gamma if config.drafter else None,
             config.engine == OURS_DYNAMIC, mismatched, margins, sum(near_tie(m, dtype_name(target.dtype)) for m in margins),
             sum(len(r.tokens) for r in flat), Spread.of(rates), versus(reference), versus(ours_plain[config.compiled]),
-            1 - (target_s + draft_s) / wall, config.peak_mb, draft_only / 2**20,
+            _overhead(config, flat, target_s + draft_s, wall), config.peak_mb, draft_only / 2**20,
             _step_figures(config, flat, target_s, draft_s),
             versus(assisted.get((config.draft, config.kernels)) if ours else None),
             versus(assisted.get((config.draft, "plain")) if ours else None),
@@ -297,23 +298,33 @@ def summarise(configs: list[Config], target, target_name: str, gamma: int, max_n
                        max_new_tokens, len(prompts), repeats, rows)
 
 
+def _overhead(config: Config, flat: list[Run], forward_s: float, wall: float) -> float:
+    """Share of the wall time outside the model passes: our speculative engine's own split (draft, verification),
+    else the module hooks' forward seconds."""
+    if config.engine in (OURS, OURS_DYNAMIC):
+        stats = sum((r.stats for r in flat), GenerationStats())
+        return 1 - (stats.draft_seconds + stats.verify_seconds) / wall
+    return 1 - forward_s / wall
+
+
 def _step_figures(config: Config, flat: list[Run], target_s: float, draft_s: float) -> StepFigures:
     """TAR, draft ms per token, verify ms per step (a prediction from these same seconds would only measure the loop
-    overhead, which the ``overhead`` column gives; ``zoo validate`` predicts from a separate profile)."""
-    draft_calls = sum(len(r.draft_calls) for r in flat)
-    if config.engine not in (OURS, OURS_DYNAMIC):  # one target call per step (our plain decoding: and a prefill)
+    overhead, which the ``overhead`` column gives; ``zoo validate`` predicts from a separate profile). Our engine's
+    rows read its own clock (``GenerationStats``), which times compiled steps too (a compiled step calls the
+    model's ``forward`` directly, past the module hooks); transformers' rows read the hooks."""
+    stats = sum((r.stats for r in flat if r.stats is not None), GenerationStats())
+    if config.engine == OURS_PLAIN:  # one target step per token
+        return StepFigures(1.0, None, stats.baseline_seconds / stats.baseline_tokens * 1000
+                           if stats.baseline_tokens else None, None)
+    if config.engine not in (OURS, OURS_DYNAMIC):  # one target call per step
+        draft_calls = sum(len(r.draft_calls) for r in flat)
         steps = sum(len(r.target_calls) for r in flat)
         return StepFigures(sum(len(r.tokens) for r in flat) / steps if steps else None,
                            draft_s / draft_calls * 1000 if draft_calls else None,
                            target_s / steps * 1000 if steps else None, None)
-    stats = sum((r.stats for r in flat), GenerationStats())
-    prefill = sum(r.target_calls[0] for r in flat if r.prompt_tokens > 1 and r.target_calls)  # the prefill (engine.loop.prefill)
-    verify = (target_s - prefill) / stats.steps if stats.steps else None
     drafted = stats.draft_tokens
-    draft_time = draft_s if draft_calls else stats.draft_seconds  # a model-free draft's latency is its lookup
-    t_draft = draft_time / drafted if drafted else 0.0
-    return StepFigures(stats.tar, t_draft * 1000 if drafted else None, verify * 1000 if verify else None,
-                       drafted / stats.steps if stats.steps else None)
+    return StepFigures(stats.tar, stats.draft_seconds / drafted * 1000 if drafted else None,
+                       stats.verify_ms_per_step, drafted / stats.steps if stats.steps else None)
 
 
 def bench(target_name: str, drafts: list[str], prompts: list[str], plan: BenchPlan, settings: LoadSettings,
