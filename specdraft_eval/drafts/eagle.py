@@ -293,8 +293,8 @@ class EagleDrafter(DrafterBase):
             frontier = sorted(children, key=lambda n: -scores[n])[:k]
             if scores[frontier[0]] < cut:  # no descendant can make the budget's cut
                 break
-            parent_rows = [fed.index(parents[n]) if parents[n] >= 0 else -1 for n in frontier]
-            inputs = self._last[0].expand(len(frontier), -1) if depth == 0 else fed_hidden[parent_rows]
+            inputs = (self._last[0].expand(len(frontier), -1) if depth == 0  # each node's parent's output
+                      else fed_hidden[[fed.index(parents[n]) for n in frontier]])
             hidden = head(self._embed(torch.tensor([[tokens[n] for n in frontier]], device=device)), inputs[None],
                           self._cache, torch.full((1, len(frontier)), self._seen + depth, device=device), own=True,
                           mask=self._tree_mask(fed, frontier, parents))[0]  # [k, H]
