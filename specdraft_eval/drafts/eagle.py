@@ -37,6 +37,7 @@ from transformers.models.llama.modeling_llama import (
 )
 
 from specdraft_eval.drafts.model import choose
+from specdraft_eval.drafts.spec import split_shape
 from specdraft_eval.engine import kv_cache
 from specdraft_eval.engine.drafter import FINAL, DrafterBase, Proposal
 from specdraft_eval.engine.sampling import Sampler
@@ -383,10 +384,8 @@ def variant_of(config: dict, keys=()) -> str:
 
 def split(arg: str) -> tuple[str, TreeShape | None]:
     """``DIR``, ``DIR@K`` or ``DIR@KxD`` -> the head (a directory or hub id) and its tree shape (None: a chain)."""
-    where, _, shape = arg.rpartition("@")
-    if not where or Path(os.path.expanduser(arg)).is_dir():
-        return arg, None
-    return where, TreeShape.parse(shape, arg)
+    where, shape = split_shape(arg)
+    return where, None if shape is None else TreeShape.parse(shape, arg)
 
 
 def describe(arg: str) -> tuple[str, int | None]:

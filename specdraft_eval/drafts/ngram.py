@@ -14,6 +14,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from specdraft_eval.drafts.spec import split_shape
 from specdraft_eval.engine.drafter import DrafterBase, Proposal
 from specdraft_eval.engine.sampling import Sampler
 from specdraft_eval.errors import SpecdecError
@@ -106,9 +107,8 @@ def build(arg: str | None, target: Target) -> NGramDrafter:
     """Entry point for ``ngram:DIR`` and ``ngram:DIR@B`` (a token tree of each node's B likeliest next tokens)."""
     if not arg:
         raise SpecdecError("ngram needs a directory: ngram:DIR, built by `zoo ngram TARGET --out DIR`")
-    where, _, branches = arg.rpartition("@")
-    if not where or Path(arg).is_dir():
-        where, branches = arg, "1"
+    where, branches = split_shape(arg)
+    branches = "1" if branches is None else branches
     if not branches.isdigit() or int(branches) < 1:
         raise SpecdecError(f"bad n-gram tree width in {arg!r}: use ngram:DIR@B with B >= 1, e.g. ngram:DIR@3")
     return NGramDrafter(load_continuations(Path(where), target.tokenizer), name=f"ngram:{arg}", branches=int(branches))

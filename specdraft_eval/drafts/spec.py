@@ -24,6 +24,15 @@ SEPARATOR = "|"
 MODEL, COMPOSITE, AUTO = "model", "composite", "auto"
 
 
+def split_shape(arg: str) -> tuple[str, str | None]:
+    """A kind's argument and the tree shape after its last ``@`` (``DIR@4x6`` -> ``DIR``, ``4x6``); None when
+    there is none, or when the whole argument is an existing path."""
+    where, _, shape = arg.rpartition("@")
+    if not where or Path(os.path.expanduser(arg)).exists():
+        return arg, None
+    return where, shape
+
+
 def draft_kinds() -> dict[str, Callable]:
     """Kind name -> builder, for every kind declared in the entry-point group (this package's own included)."""
     return {ep.name: ep.load() for ep in entry_points(group=ENTRY_POINT_GROUP)}
@@ -76,10 +85,8 @@ class DraftSpec:
 
     def _where(self) -> tuple[str, str]:
         """A directory argument and its tree shape suffix (``DIR@4x6`` -> ``DIR``, ``@4x6``; none: ``""``)."""
-        where, _, shape = (self.arg or "").rpartition("@")
-        if not where or Path(os.path.expanduser(self.arg)).exists():
-            return self.arg or "", ""
-        return where, "@" + shape
+        where, shape = split_shape(self.arg or "")
+        return where, "" if shape is None else "@" + shape
 
     def path(self, kinds: dict[str, Callable] | None = None) -> Path | None:
         """The file or folder a non-composite draft needs: a model path, or a kind's directory argument
