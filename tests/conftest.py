@@ -15,6 +15,16 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 
+def pytest_collection_modifyitems(config, items) -> None:
+    """Tests marked ``gpu`` skip, saying why, where no CUDA device is visible."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU: what only a GPU checks (README, Tests); run pytest -m gpu there")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
 def tiny_llama(seed: int = 0, vocab: int = 64, layers: int = 4, hidden: int = 32) -> LlamaForCausalLM:
     """A random-weight Llama small enough for thousands of generations a second."""
     torch.manual_seed(seed)

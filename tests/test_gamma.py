@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from specdraft_eval.engine.gamma import GammaController
 
 
@@ -97,3 +99,90 @@ def test_one_controller_serves_a_whole_run(monkeypatch):
     assert second == first
     assert fresh.accepted_tokens < fresh.draft_tokens  # a poor draft ...
     assert learnt.draft_tokens < fresh.draft_tokens / 2  # ... is not tried at γ=4 again on the next request
+
+
+# --- a draft's catch-up is its prefill ------------------------------------------------------------------------
+
+
+class Scripted(GammaController):
+    """γ from a script, step by step (then 2): the engine's side of dynamic γ without the controller's choices."""
+
+    def __init__(self, script: list[int]) -> None:
+        super().__init__(script[0], 8)
+        self.script = script[1:]
+
+    def update(self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
+        self.gamma = self.script.pop(0) if self.script else 2
+
+
+def test_a_draft_catches_up_before_its_first_draft_and_after_gamma_zero_as_its_prefill():
+    """catch_up runs before the first draft and before the first draft after steps at γ = 0, never otherwise;
+    the positions it read are the stats' draft prefill, apart from the drafted tokens' time; output unchanged."""
+    from conftest import tiny_llama
+
+    from specdraft_eval import autoregressive_generate, speculative_generate
+    from specdraft_eval.drafts.layers import layer_view
+    from specdraft_eval.drafts.model import ModelDrafter
+    from specdraft_eval.engine.drafter import DrafterBase
+
+    target = tiny_llama(seed=1, layers=4)
+
+    class Recording(DrafterBase):
+        name = "recording"
+
+        def __init__(self) -> None:
+            self.inner = ModelDrafter(layer_view(target, [0, 1]), "layers:0-1", target.config.vocab_size)
+            self.calls: list[tuple[str, int]] = []  # ("catch_up", positions read) or ("propose", len(tokens))
+
+        def catch_up(self, tokens):
+            read = self.inner.catch_up(tokens)
+            self.calls.append(("catch_up", read))
+            return read
+
+        def propose(self, tokens, num_tokens, sampler):
+            self.calls.append(("propose", len(tokens)))
+            return self.inner.propose(tokens, num_tokens, sampler)
+
+    prompt, script = list(range(3, 20)), [2, 2, 0, 0, 0, 3, 1, 0, 2]
+    draft = Recording()
+    out, stats = speculative_generate(target, draft, prompt, 30, gamma_controller=Scripted(script))
+    assert out == autoregressive_generate(target, prompt, 30)[0]
+    kinds = [kind for kind, _ in draft.calls]
+    # drafted steps: 2, 2, [γ 0 × 3], 3, 1, [γ 0], 2, 2, ...: a catch-up before the 1st, 3rd and 5th drafting step
+    starts = [i for i, kind in enumerate(kinds) if kind == "catch_up"]
+    proposes_before = [kinds[:i].count("propose") for i in starts]
+    assert proposes_before == [0, 2, 4], draft.calls
+    reads = [n for kind, n in draft.calls if kind == "catch_up"]
+    assert reads[0] == len(prompt) - 1 and all(n > 0 for n in reads[1:])  # the prompt; what γ 0 emitted
+    assert stats.draft_prefill_tokens == sum(reads)
+    assert stats.draft_prefill_seconds > 0 and stats.draft_prefill_ms_per_token is not None
+
+
+def test_catching_up_changes_no_draft():
+    """A draft that caught up on a sequence proposes what one that read it in ``propose`` does; a second catch-up
+    reads nothing. A layer view and an EAGLE head (fed the target's features, as the engine does)."""
+    from conftest import tiny_llama
+
+    from specdraft_eval.drafts.eagle import EagleDrafter, new_head
+    from specdraft_eval.drafts.layers import layer_view
+    from specdraft_eval.drafts.model import ModelDrafter
+    from specdraft_eval.engine.sampling import Sampler
+
+    target = tiny_llama(seed=2, layers=4)
+    tokens = [5, 9, 2, 7, 7, 3, 11, 4]
+    with torch.inference_mode():
+        features = target(torch.tensor([tokens]), output_hidden_states=True).hidden_states[-1][0, :-1]
+
+        def fresh(kind: str):
+            if kind == "layers":
+                return ModelDrafter(layer_view(target, [0, 2]), "layers:0+2", target.config.vocab_size)
+            head = EagleDrafter(new_head(target, None, seed=4), target, "eagle:test", None)
+            head.observe(features)
+            return head
+
+        for kind in ("layers", "eagle"):
+            plain = fresh(kind).propose(tokens, 4, Sampler())
+            caught = fresh(kind)
+            assert caught.catch_up(tokens) == len(tokens) - (2 if kind == "eagle" else 1)
+            assert caught.catch_up(tokens) == 0
+            assert caught.propose(tokens, 4, Sampler()).tokens == plain.tokens, kind

@@ -12,13 +12,14 @@ from pathlib import Path
 import pytest
 from conftest import run_cli
 
-from specdraft_eval.measure.record import SpecdecRecord
+from specdraft_eval.errors import SpecdecError
+from specdraft_eval.measure.record import Runtime, SpecdecRecord
 from specdraft_eval.measure.stats import GenerationStats
 
 
 def write_result(folder: Path, draft: str, tps_scale: float, task_acc: float = 0.5,
                  target: str = "smollm2-135m-instruct", baseline: bool = True, accepted: int = 12,
-                 dynamic: bool = False) -> Path:
+                 dynamic: bool = False, runtime: Runtime = Runtime()) -> Path:
     """A results file of one run; ``accepted``: tokens accepted on HumanEval in its 10 steps (TAR 1 + accepted/10)."""
     stats = {
         "specdec_humaneval": GenerationStats(1, 10, 30, accepted, 10 + accepted, 0.1, 0.3 / tps_scale, 0.5,
@@ -30,12 +31,12 @@ def write_result(folder: Path, draft: str, tps_scale: float, task_acc: float = 0
     if not baseline:
         for figures in stats.values():
             figures.baseline_tokens, figures.baseline_seconds = 0, 0.0
-    block = SpecdecRecord.new(target, draft, 3, dynamic, "cpu", stats).to_block()
+    block = SpecdecRecord.new(target, draft, 3, dynamic, "cpu", stats, runtime=runtime).to_block()
     data = {"results": {"specdec_humaneval": {"alias": "x", "pass@1,none": task_acc, "pass@1_stderr,none": 0.1},
                         "specdec_mmlu_cot": {"exact_match,none": 0.25}},
             "config": {"specdec": block}, "date": 1764700000.0}
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"results_{re.sub(r'[^A-Za-z0-9]', '_', target + draft)}{'_dynamic' if dynamic else ''}.json"
+    path = folder / f"results_{re.sub(r'[^A-Za-z0-9]', '_', target + draft + str(runtime))}{'_dynamic' if dynamic else ''}.json"
     path.write_text(json.dumps(data))
     return path
 
@@ -225,10 +226,35 @@ def test_one_row_per_configuration_runs_merged(results, tmp_path):
     assert len(lines) == 1 + 6 and sum("prompt-lookup:3" in line for line in lines) == 2
 
 
+EAGER = Runtime("float32", "onednn", False, False, "sdpa")
+
+
+@pytest.mark.parametrize("other", [Runtime("bfloat16", "onednn", False, False, "sdpa"),
+                                   Runtime("float32", "plain", False, False, "sdpa"),
+                                   Runtime("float32", "plain", True, True, "sdpa"),
+                                   Runtime("float32", "onednn", False, False, "eager")],
+                         ids=["dtype", "kernels", "compiled", "attention"])
+def test_runs_of_another_runtime_are_another_row_and_never_merge(tmp_path, other):
+    """Runs alike but for the dtype, the kernels, compiled steps or the attention backend: two rows each (one per
+    task), every figure their own, and the records refuse to merge."""
+    from specdraft_eval.measure.record import read_results
+    from zoo.leaderboard.rows import collect
+
+    first = write_result(tmp_path / "a", "prompt-lookup:3", 1.0, runtime=EAGER)
+    second = write_result(tmp_path / "b", "prompt-lookup:3", 3.0, runtime=other)
+    rows = collect([tmp_path])
+    assert len(rows) == 4 and {r.runtime for r in rows} == {str(EAGER), str(other)}
+    assert all(r.runs == 1 and r.speedup_min == r.speedup_max for r in rows)
+    assert str(EAGER) == "float32 onednn sdpa" and (not other.compile or str(other).endswith(" compiled"))
+    with pytest.raises(SpecdecError, match="cannot merge records of different runs"):
+        read_results(first).record.merge(read_results(second).record)
+    assert read_results(second).record.runtime == other  # written and read back whole
+
+
 def write_score(folder: Path, model: str, bits: dict[str, float], as_draft: bool = True) -> Path:
     """A scoring run (the tasks' ``_lm`` variants): ``model`` scored as the draft (``score=draft``) or the target."""
     block = SpecdecRecord.new("smollm2-135m-instruct" if as_draft else model, model if as_draft else "prompt-lookup", 4,
-                              False, "cpu", {}, runtime={"score": "draft" if as_draft else "target"}).to_block()
+                              False, "cpu", {}, score="draft" if as_draft else "target").to_block()
     data = {"results": {f"{task}_lm": {"bits_per_byte,none": value, "bits_per_byte_stderr,none": "N/A"}
                         for task, value in bits.items()}, "config": {"specdec": block}, "date": 1764700000.0}
     folder.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,7 @@ from test_leaderboard import write_result
 
 from specdraft_eval.integration.recommend import recommend
 from specdraft_eval.measure.environment import hardware
+from specdraft_eval.measure.record import Runtime
 
 TARGET = "smollm2-135m-instruct"  # the target write_result records
 
@@ -27,7 +28,7 @@ def test_the_fastest_loadable_configuration_wins(results):
     choice = recommend(TARGET, results=[results])
     assert (choice.draft, choice.num_draft_tokens, choice.dynamic_gamma) == ("layers:0,1,2,3,4", 3, False)
     assert "1.63x plain decoding (geometric mean" in choice.reason  # sqrt(2.4 * 1.11)
-    missing = next(c for c in choice.candidates if c.draft == "drafts/missing")
+    missing = next(c for c in choice.candidates if c.key.draft == "drafts/missing")
     assert not missing.loadable and missing.score > 1.63  # faster, but it does not load here
     assert recommend(TARGET, "specdec_mmlu_cot", [results]).draft == "prompt-lookup:3"  # ties: the first scanned
 
@@ -46,11 +47,27 @@ def test_measurements_from_this_hardware_come_first(results):
     assert recommend(TARGET, "specdec_humaneval", [results], "NVIDIA H100 80GB HBM3").draft == "prompt-lookup:3"
 
 
+def test_auto_picks_the_run_of_the_runtime_it_runs_else_says_which_it_used(tmp_path):
+    """A compiled run measured faster than an eager one: eager ``auto`` takes the eager run; a runtime nobody
+    measured takes the fastest and names the runtime it was measured with."""
+    eager, compiled = Runtime("float32", "onednn", False, False, "sdpa"), Runtime("float32", "plain", True, True, "sdpa")
+    write_result(tmp_path / "eager", "layers:0,1,2,3,4", 2.0, runtime=eager)
+    write_result(tmp_path / "compiled", "prompt-lookup:3", 4.0, runtime=compiled)
+    here = hardware("cpu")
+    choice = recommend(TARGET, results=[tmp_path], hardware=here, runtime=eager)
+    assert (choice.draft, choice.runtime) == ("layers:0,1,2,3,4", eager) and "not the one asked for" not in choice.reason
+    assert recommend(TARGET, results=[tmp_path], hardware=here, runtime=compiled).draft == "prompt-lookup:3"
+    bf16 = Runtime("bfloat16", "onednn", False, False, "sdpa")
+    other = recommend(TARGET, results=[tmp_path], hardware=here, runtime=bf16)
+    assert other.draft == "prompt-lookup:3"
+    assert f"runtime {compiled}, not the one asked for ({bf16}): none measured with it" in other.reason
+
+
 def test_results_of_one_configuration_merge_across_files(results):
     """Two files of one configuration: one candidate, the median speedup with its spread, both files named
     (the last file read does not replace the first)."""
     write_result(results / "rerun", "layers:0,1,2,3,4", 3.0)  # 3.6x on HumanEval where the first run had 2.4x
-    [layers] = [c for c in recommend(TARGET, results=[results]).candidates if c.draft == "layers:0,1,2,3,4"]
+    [layers] = [c for c in recommend(TARGET, results=[results]).candidates if c.key.draft == "layers:0,1,2,3,4"]
     assert len(layers.files) == 2
     assert layers.speedup["specdec_humaneval"] == pytest.approx(3.0)  # the median of 2.4 and 3.6
     assert layers.speedup_spread["specdec_humaneval"] == pytest.approx((2.4, 3.6))
@@ -81,11 +98,12 @@ def test_lm_eval_model_resolves_auto(tmp_path, monkeypatch):
 
     tiny = save_tiny(tmp_path / "tiny")
     asked = []
-    monkeypatch.setattr(recommend, "recommend", lambda target, hardware: asked.append((target, hardware))
-                        or Recommendation(target, None, "layers:0", 2, True, "test"))
-    lm = lm_eval_model.SpecDecLM(pretrained=str(tiny), draft="auto", device="cpu")
+    monkeypatch.setattr(recommend, "recommend", lambda target, hardware, runtime: asked.append(
+        (target, hardware, runtime)) or Recommendation(target, None, "layers:0", 2, True, "test"))
+    lm = lm_eval_model.SpecDecLM(pretrained=str(tiny), draft="auto", device="cpu", kernels="plain", static_cache=True)
     assert (lm._drafter.name, lm.num_draft_tokens, lm.dynamic_gamma) == ("layers:0", 2, True)
-    assert asked == [(str(tiny), hardware("cpu"))]  # looked up by the target's name on the hardware it runs on
+    # looked up by the target's name on the hardware it runs on, with the runtime it runs
+    assert asked == [(str(tiny), hardware("cpu"), Runtime("float32", "plain", True, False, "sdpa"))]
     lm = lm_eval_model.SpecDecLM(pretrained=str(tiny), draft="auto", num_draft_tokens=5, dynamic_gamma="false",
                                  device="cpu")
     assert (lm.num_draft_tokens, lm.dynamic_gamma) == (5, False)

@@ -185,6 +185,21 @@ def test_compiled_tree_steps_compile_in_the_warm_up_only(dynamo_only, monkeypatc
     assert unwarmed.recompiles > 0
 
 
+def test_a_tree_draft_after_a_chain_draft_on_one_runtime_warms_its_masked_chains(dynamo_only):
+    """A run's runtime outlives it: after a chain draft warmed bucket 1's unmasked steps, a tree draft's chains come
+    masked (its paths leave holes), another input form, which its own warm-up must compile (found rehearsing
+    tests/test_gpu.py on the CPU); and back."""
+    from specdraft_eval.drafts import load_draft
+    from specdraft_eval.models.targets import Target
+
+    target = tiny_llama(seed=0)
+    prompt = list(range(2, 12))
+    for name in ("prompt-lookup", "prompt-lookup:3x2", "prompt-lookup"):
+        out, stats = speculative_generate(target, load_draft(name, Target(target, None)), prompt, 30,
+                                          num_draft_tokens=4, compile=True)
+        assert out == hf_greedy(target, torch.tensor([prompt]), 30) and stats.recompiles == 0, name
+
+
 def test_the_count_fails_where_shapes_change_per_request(dynamo_only, monkeypatch):
     """Negative control: with the width static again (one graph per width), the same run compiles more graphs
     than the bound above, and a request wider than its warm-up recompiles during timed steps."""

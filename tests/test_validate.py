@@ -17,10 +17,14 @@ from specdraft_eval.measure.analytical import (
 )
 from specdraft_eval.measure.stats import GenerationStats
 from zoo.validate import (
+    PLAIN,
+    Request,
+    Sitting,
     composite_latencies,
     context_buckets,
     deviation,
-    predicted_tokens_per_second,
+    measured,
+    predicted,
 )
 
 LATENCIES = Latencies({0: 40.0, 1: 45.0, 2: 50.0, 3: 55.0, 4: 60.0}, t_draft_ms=5.0, draft_prefill_ms_per_token=0.1)
@@ -40,6 +44,8 @@ def test_draft_length_mix_from_per_position_counts():
 def test_hand_worked_prediction():
     # 2·40 + 2·(5 + 45) + 3·(2·5 + 50) + 5·(4·5 + 60) = 760 ms of steps, + 100 prompt tokens · 0.1 ms = 770 ms
     assert predicted_from_latencies(run_counts(), LATENCIES) == pytest.approx(30 / 0.770)
+    # the loop's own 1 ms in each of the 12 steps
+    assert predicted_from_latencies(run_counts(), replace(LATENCIES, loop_ms_per_step=1.0)) == pytest.approx(30 / 0.782)
 
 
 def test_a_tree_step_is_charged_its_nodes_not_its_depth():
@@ -84,12 +90,16 @@ def test_validate_cli_rows_plot_and_figures(tiny, tmp_path):
     rows = json.loads(done.stdout)
     assert {(r["draft"], r["gamma"]) for r in rows} == {(d, g) for d in ("prompt-lookup:3", "layers:0,1") for g in (1, 2)}
     for row in rows:
-        assert {"draft", "gamma", "predicted_tokens_per_second", "measured_tokens_per_second", "deviation"} <= set(row)
+        assert {"draft", "gamma", "predicted_speedup", "measured_speedup", "speedup_deviation",
+                "predicted_tokens_per_second", "measured_tokens_per_second", "deviation"} <= set(row)
+        for kind in ("predicted_speedup", "measured_speedup"):
+            assert row[f"{kind}_min"] <= row[kind] <= row[f"{kind}_max"]
         assert row["predicted_min"] <= row["predicted_tokens_per_second"] <= row["predicted_max"]
         assert row["measured_min"] <= row["measured_tokens_per_second"] <= row["measured_max"]
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     saved = json.loads(plot.with_suffix(".json").read_text())
-    assert saved["rows"] == rows and saved["max_abs_deviation"] == max(abs(r["deviation"]) for r in rows)
+    assert saved["rows"] == rows and saved["max_abs_deviation"] == max(abs(r["speedup_deviation"]) for r in rows)
+    assert saved["tokens_per_second_max_abs_deviation"] == max(abs(r["deviation"]) for r in rows)
 
 
 def test_validate_bad_input(tiny):
@@ -103,38 +113,65 @@ def test_context_buckets_split_the_measured_lengths():
     assert context_buckets([7, 7]) == {7: 7}
 
 
-def test_each_request_is_predicted_from_its_own_buckets_profile():
-    """Σ tokens / Σ predicted seconds, each request with its bucket's latencies: a long-context request with
-    slower verification weighs as much as its tokens, not as one run's average."""
-    from specdraft_eval.measure.profiles import DraftTiming, Profile, Spread
-
-    def profile(verify_ms: float) -> Profile:
-        timing = DraftTiming(Spread(5.0, 5.0, 5.0, 1), 0.1)
-        return Profile("cpu", "t", 16, 1, {k: Spread(verify_ms + 5 * k, verify_ms, verify_ms, 1) for k in range(5)},
-                       {"d": timing})
-
-    short, long = profile(40.0), profile(80.0)
-    runs = [(run_counts(), short, None), (run_counts(), long, None)]
-    alone = [predicted_from_latencies(run_counts(), p.latencies("d")) for p in (short, long)]
-    assert predicted_tokens_per_second(runs, "d") == pytest.approx(60 / (30 / alone[0] + 30 / alone[1]))
-    assert predicted_tokens_per_second(runs, "missing") is None
-
-
-def test_a_composite_is_charged_for_the_part_that_drafted_each_step():
-    """Lookup steps cost nothing, model steps 5 ms a token: a request whose steps the model drafted 3 times in 4
-    is predicted with 3.75 ms a drafted token, from the parts' own profiled latencies."""
+def _profile(verify_ms: float, drafts: dict[str, float]):
     from specdraft_eval.measure.profiles import DraftTiming, Profile, Spread
 
     def spread(ms: float) -> Spread:
         return Spread(ms, ms, ms, 1)
 
-    profile = Profile("cpu", "t", 16, 1, {k: spread(40.0 + 5 * k) for k in range(5)},
-                      {"lookup": DraftTiming(spread(0.0), 0.0), "model": DraftTiming(spread(5.0), 0.1)})
+    return Profile("cpu", "t", 16, 1, {k: spread(verify_ms + 5 * k) for k in range(5)},
+                   {name: DraftTiming(spread(ms), 0.1 if ms else 0.0) for name, ms in drafts.items()})
+
+
+def plain_run(tokens: int, seconds: float) -> GenerationStats:
+    return GenerationStats(baseline_tokens=tokens, baseline_seconds=seconds)
+
+
+def test_each_request_is_predicted_from_its_own_buckets_profile():
+    """Σ tokens / Σ predicted seconds, each request with its bucket's latencies: a long-context request with
+    slower verification weighs as much as its tokens, not as one run's average."""
+    short, long = (Sitting(_profile(ms, {"d": 5.0}), {PLAIN: 0.0, "d": 0.0}) for ms in (40.0, 80.0))
+    requests = [Request(run_counts(), plain_run(30, 1.0), at, None) for at in (short, long)]
+    alone = [predicted_from_latencies(run_counts(), at.profile.latencies("d")) for at in (short, long)]
+    tps, _ = predicted(requests, "d", [])
+    assert tps == pytest.approx(60 / (30 / alone[0] + 30 / alone[1]))
+
+
+def test_the_predicted_speedup_is_the_profiles_ratio_with_the_loops_own_time():
+    """Hand-worked: 12 steps of the run's counts cost 760 ms of passes + 12 · 3 ms of loop + 10 ms of draft prefill;
+    plain decoding of its 30 tokens costs 30 · (40 ms + 2 ms); the speedup is the ratio, the same whatever a
+    uniformly slower machine does to every latency."""
+    at = Sitting(_profile(40.0, {"d": 5.0}), {PLAIN: 2.0, "d": 3.0})
+    request = Request(run_counts(), plain_run(30, 99.0), at, None)  # plain's own seconds are never read
+    tps, speedup = predicted([request], "d", [])
+    assert tps == pytest.approx(30 / 0.806)
+    assert speedup == pytest.approx((30 / 0.806) / (30 / 1.260))
+    timing = at.profile.drafts["d"]
+    twice = replace(at.profile, t_verify={k: replace(v, median=2 * v.median) for k, v in at.profile.t_verify.items()},
+                    drafts={"d": replace(timing, t_draft=replace(timing.t_draft, median=10.0),
+                                         draft_prefill_ms_per_token=0.2)})
+    slower = Sitting(twice, {PLAIN: 4.0, "d": 6.0})
+    assert predicted([replace(request, sitting=slower)], "d", [])[1] == pytest.approx(speedup)
+
+
+def test_the_measured_speedup_is_against_the_plain_decoding_interleaved_with_the_run():
+    at = Sitting(_profile(40.0, {"d": 5.0}), {PLAIN: 0.0, "d": 0.0})
+    requests = [Request(replace(run_counts(), decode_seconds=0.5), plain_run(30, 1.5), at, None),
+                Request(replace(run_counts(), decode_seconds=1.0), plain_run(30, 1.5), at, None)]
+    tps, speedup = measured(requests)
+    assert tps == pytest.approx(60 / 1.5) and speedup == pytest.approx((60 / 1.5) / (60 / 3.0))
+
+
+def test_a_composite_is_charged_for_the_part_that_drafted_each_step():
+    """Lookup steps cost nothing, model steps 5 ms a token: a request whose steps the model drafted 3 times in 4
+    is predicted with 3.75 ms a drafted token, from the parts' own profiled latencies."""
+    profile = _profile(40.0, {"lookup": 0.0, "model": 5.0})
     mixed = composite_latencies(profile, ["lookup", "model"], [1, 3])
     assert mixed.t_draft_ms == pytest.approx(3.75) and mixed.draft_prefill_ms_per_token == pytest.approx(0.1)
-    expected = predicted_from_latencies(run_counts(), mixed)
-    assert predicted_tokens_per_second([(run_counts(), profile, [1, 3])], "lookup|model", ["lookup", "model"]) == (
-        pytest.approx(expected))
+    expected = predicted_from_latencies(run_counts(), replace(mixed, loop_ms_per_step=1.0))
+    at = Sitting(profile, {PLAIN: 1.0, "lookup|model": 1.0})
+    tps, _ = predicted([Request(run_counts(), plain_run(30, 1.0), at, [1, 3])], "lookup|model", ["lookup", "model"])
+    assert tps == pytest.approx(expected)
 
 
 @pytest.mark.slow  # 48 configurations through the real CLI: the full suite runs it

@@ -204,8 +204,8 @@ plot: PlotOpt = Path("validation.png"),
     device: DeviceOpt = None, dtype: DtypeOpt = "auto", use_kernels: UseKernelsOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Check the analytical model: predict tokens/s from a separate profile per context bucket and the runs'
-    counts, then measure (default drafts: prompt-lookup and layers:0-4; --grid: drafts x γ 1-4 x both tasks)."""
+    """Check the analytical model: predict the speedup over plain decoding (and tokens/s) from a profile per
+    context bucket and repeat and the runs' counts, then measure (default drafts: prompt-lookup and layers:0-4; --grid: drafts x γ 1-4 x both tasks)."""
     from zoo import validate as validation
 
     tasks, drafts, gammas = validation.configurations(task, drafts, parse_positive_ints(gamma), grid)
@@ -217,8 +217,10 @@ plot: PlotOpt = Path("validation.png"),
     typer.echo(f"target {target} on {result.hardware}: {prompts} prompts × {max_new_tokens} tokens, "
                f"{repeats} repeats (medians; min–max over repeats)")
     emit(validation.table_rows(result), False)
-    typer.echo(f"|deviation|: median {result.median_abs_deviation:.1%}, p90 {result.p90_abs_deviation:.1%}, "
-               f"max {result.max_abs_deviation:.1%}; plot written to {plot}")
+    tps_median, tps_max = result.tokens_per_second_deviations
+    typer.echo(f"|speedup deviation|: median {result.median_abs_deviation:.1%}, p90 {result.p90_abs_deviation:.1%}, "
+               f"max {result.max_abs_deviation:.1%} (tokens/s: median {tps_median:.1%}, max {tps_max:.1%}); "
+               f"plot written to {plot}")
 
 
 @app.command()

@@ -48,8 +48,8 @@ def engine_latency(target, drafters: list, gammas: list[int], prompts: list[list
     cache that grows by the target's own next token each step: time each draft's ``propose`` at every γ and
     the target's :func:`~specdraft_eval.engine.loop.verify_step` of k = max(γ)..0 draft tokens, rolling the cache
     back after each, exactly as a speculative step does. Returns spreads of ``t_verify`` per k, and per draft
-    its :class:`DraftTiming` (``t_draft`` per drafted token, ``draft_prefill_ms_per_token``: its first read of a
-    prompt, per prompt token). ``trees``: verify k-node token trees (:func:`filler`) instead of chains.
+    its :class:`DraftTiming` (``t_draft`` per drafted token, ``draft_prefill_ms_per_token``: its
+    :meth:`~specdraft_eval.engine.drafter.Drafter.catch_up` on a prompt, per position read). ``trees``: verify k-node token trees (:func:`filler`) instead of chains.
     """
     from specdraft_eval.engine.loop import prefill
     from specdraft_eval.engine.taps import FeatureTap
@@ -60,7 +60,7 @@ def engine_latency(target, drafters: list, gammas: list[int], prompts: list[list
     verify: dict[int, list[float]] = {k: [] for k in range(max(gammas, default=0) + 1)}
     per_token = {d.name: [] for d in drafters}
     per_call = {d.name: [] for d in drafters}  # calls that drafted nothing (prompt lookup without a match)
-    first_read = {d.name: [] for d in drafters}  # (seconds, prompt tokens) of a draft's first propose
+    first_read = {d.name: [] for d in drafters}  # seconds per position of a draft's catch-up on each prompt
     reading = [d for d in drafters if d.taps]  # heads fed the target's features of every kept position
     if len({d.taps for d in reading}) > 1:
         raise SpecdecError("profile heads that read different hidden states of the target one at a time")
@@ -75,8 +75,9 @@ def engine_latency(target, drafters: list, gammas: list[int], prompts: list[list
                 if prefilled is not None and drafter.taps:
                     drafter.observe(prefilled[0])
                 start = clock(device)
-                drafter.propose(tokens, 1, sampler)
-                first_read[drafter.name].append((clock(device) - start, len(tokens)))
+                read = drafter.catch_up(tokens)  # the draft's prefill, as the engine times it
+                if read:
+                    first_read[drafter.name].append((clock(device) - start) / read)
             for step in range(WARMUP_STEPS + steps):
                 timed = step >= WARMUP_STEPS
                 for drafter in drafters:
@@ -107,10 +108,9 @@ def engine_latency(target, drafters: list, gammas: list[int], prompts: list[list
     drafts = {}
     for drafter in drafters:
         draft = Spread.of_seconds(per_token[drafter.name] or per_call[drafter.name])
-        # the first propose reads the prompt in place of one single-token draft forward
-        extra = [max(seconds - draft.median / 1000, 0.0) / length for seconds, length in first_read[drafter.name]]
+        prefill = statistics.median(first_read[drafter.name]) if first_read[drafter.name] else 0.0
         facts = ModelFacts.of(drafter.model)
-        drafts[drafter.name] = DraftTiming(draft, statistics.median(extra) * 1000, facts.parameters_m,
+        drafts[drafter.name] = DraftTiming(draft, prefill * 1000, facts.parameters_m,
                                            facts.kv_bytes_per_token)
     return {k: Spread.of_seconds(v) for k, v in verify.items()}, drafts
 

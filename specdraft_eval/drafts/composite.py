@@ -49,6 +49,10 @@ class CompositeDrafter(DrafterBase):
                 return proposal
         return Proposal([])
 
+    def catch_up(self, tokens: list[int]) -> int:
+        """Every part catches up (the most positions any part read)."""
+        return max(part.catch_up(tokens) for part in self.parts)
+
     def reset(self, capacity: int | None = None) -> None:
         for part in self.parts:
             part.reset(capacity)

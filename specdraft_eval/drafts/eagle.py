@@ -225,6 +225,25 @@ class EagleDrafter(DrafterBase):
             self._pending.append(features)
             self._seen += len(features)
 
+    def _feed(self, tokens: list[int], upto: int) -> int:
+        """Feed the head the (feature, next token) pairs of positions ``_fed``..``upto`` - 1 (after rolling its cache
+        back to them); the last one fed leaves ``_last``, its prediction of the next position's features."""
+        kv_cache.rollback(self._cache, self._fed)
+        count = upto - self._fed
+        if count <= 0:
+            return 0
+        device = self._embed.weight.device
+        pending = torch.cat(self._pending)  # [seen - fed, F]
+        features = pending[:count][None].to(self._embed.weight.dtype)  # [1, count, F]
+        ids = torch.tensor([tokens[self._fed + 1: upto + 1]], device=device)  # the token after each position
+        positions = torch.arange(self._fed, upto, device=device)[None]
+        self._last = self.model(self._embed(ids), features, self._cache, positions)[:, -1:]  # [1, 1, H]
+        self._pending, self._fed = [pending[count:]] if count < len(pending) else [], upto
+        return count
+
+    def catch_up(self, tokens: list[int]) -> int:
+        return self._feed(tokens, self._seen - 1)
+
     def propose(self, tokens: list[int], num_tokens: int, sampler: Sampler) -> Proposal:
         if self._seen != len(tokens) - 1:
             raise SpecdecError(f"draft {self.name}: has the target's features of {self._seen} positions for "
@@ -232,14 +251,7 @@ class EagleDrafter(DrafterBase):
         if self._seen == 0 or num_tokens < 1:
             return Proposal([])
         head, device = self.model, self._embed.weight.device
-        kv_cache.rollback(self._cache, self._fed)
-        if self._pending:
-            features = torch.cat(self._pending)[None]  # [1, new, F]
-            ids = torch.tensor([tokens[self._fed + 1:]], device=device)  # the token after each position
-            positions = torch.arange(self._fed, self._seen, device=device)[None]
-            hidden = head(self._embed(ids), features.to(self._embed.weight.dtype), self._cache, positions)[:, -1:]
-            self._pending, self._fed = [], self._seen
-            self._last = hidden  # [1, 1, H]: the head's prediction of the last token's features
+        self._feed(tokens, self._seen)
         if self.tree is not None:
             return self._grow(num_tokens)
         hidden = self._last

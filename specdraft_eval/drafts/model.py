@@ -80,6 +80,15 @@ class ModelDrafter(DrafterBase):
             n += 1
         return n
 
+    def catch_up(self, tokens: list[int]) -> int:
+        keep = self._common_prefix(tokens)
+        if keep >= len(tokens) - 1:
+            return 0
+        kv_cache.rollback(self._cache, keep)
+        kv_cache.forward(self.model, tokens[keep:-1], self._cache, 1)
+        self._cached = tokens[:-1]
+        return len(tokens) - 1 - keep
+
     def propose(self, tokens: list[int], num_tokens: int, sampler: Sampler) -> Proposal:
         keep = self._common_prefix(tokens)
         kv_cache.rollback(self._cache, keep)

@@ -105,6 +105,12 @@ class Drafter(Protocol):
         hold, for a static KV cache of that size (None: a growing one)."""
         ...
 
+    def catch_up(self, tokens: list[int]) -> int:
+        """Read what the draft has not seen of ``tokens`` but the last (which ``propose`` reads): the prompt before a
+        generation's first draft, and what was emitted while it drafted nothing (dynamic γ at 0). Returns how many
+        positions it read (0 for a draft without such state); the engine times this as the draft's prefill."""
+        ...
+
     def fork(self) -> Drafter:
         """A drafter with the same weights or tables but state of its own, for one row of a batch (a stateless
         drafter may return itself)."""
@@ -129,7 +135,8 @@ FINAL = -1
 
 class DrafterBase:
     """The :class:`Drafter` defaults a draft kind subclasses: no model, no state (``reset`` does nothing, ``fork``
-    returns the drafter itself), no features read back (``taps = ()``) and chains only (``drafts_trees``). Set ``name``, implement ``propose``,
+    returns the drafter itself, ``catch_up`` reads nothing), no features read back (``taps = ()``) and chains only
+    (``drafts_trees``). Set ``name``, implement ``propose``,
     and override the rest where they do not fit (a drafter with a KV cache resets and forks it)."""
 
     name: str
@@ -139,6 +146,10 @@ class DrafterBase:
 
     def propose(self, tokens: list[int], num_tokens: int, sampler: Sampler) -> Proposal:
         raise NotImplementedError(f"{type(self).__name__} must implement propose(tokens, num_tokens, sampler)")
+
+    def catch_up(self, tokens: list[int]) -> int:
+        """Nothing to read ahead: ``propose`` reads what it needs."""
+        return 0
 
     def reset(self, capacity: int | None = None) -> None:
         """Nothing to forget."""

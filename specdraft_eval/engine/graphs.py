@@ -93,7 +93,7 @@ class StaticRuntime:
         self.model, self.capacity = model, capacity
         self.step = CompiledStep(model) if compile else None
         self.caches: dict[int, StaticCache] = {}
-        self.warm: set[tuple[int, int, bool]] = set()  # (bucket, width, tree) warmed up
+        self.warm: set[tuple[int, int, bool, bool]] = set()  # (bucket, width, tree, masked chain) warmed up
 
     def cache(self, rows: int) -> BatchCache:
         """An empty :class:`BatchCache` of ``rows`` rows over this runtime's static cache for their bucket."""
@@ -106,12 +106,14 @@ class StaticRuntime:
         return BatchCache(rows, static, size)
 
     def warm_up(self, cache: BatchCache, widths: range, trees: bool = False) -> float:
-        """Run each step width not yet run at ``cache``'s bucket, over every attention prefix the capacity allows
+        """Run each step width not yet run at ``cache``'s bucket and input form (a chain's inputs are masked when the
+        cache is ``always_masked``), over every attention prefix the capacity allows
         (on a GPU three times: CUDA-graph warm-up, recording, replay), and with ``trees`` each width above 1 as a
         token tree too (its 4D mask: one more graph), then drop it from the cache; returns the seconds it took
         (compilation, recording): time no figure includes."""
+        masked = cache.always_masked  # chains with a 2D mask and position ids: another input form, another graph
         todo = [(w, tree) for w in widths for tree in (False, True)[: 2 if trees and w > 1 else 1]
-                if (cache.bucket, w, tree) not in self.warm]
+                if (cache.bucket, w, tree, masked and not tree) not in self.warm]
         if self.step is None or not todo:
             return 0.0
         device = self.model.device
@@ -124,7 +126,7 @@ class StaticRuntime:
                 for _ in range(calls):
                     cache.forward(self.model, [[0] * width] * len(cache.lengths), width, reach, trees=shape)
                     rollback(cache.cache, filled)
-            self.warm.add((cache.bucket, width, tree))
+            self.warm.add((cache.bucket, width, tree, masked and not tree))
         cache.step = saved
         return clock(device) - start
 

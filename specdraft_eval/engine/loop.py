@@ -67,7 +67,7 @@ def prefill(target, prompts: list[list[int]], cache: BatchCache | None = None) -
     return cache
 
 
-class _NoDraft(DrafterBase):
+class NoDraft(DrafterBase):
     """Proposes nothing: the loop then decodes autoregressively, one target token per step."""
 
     name = "none"
@@ -87,30 +87,39 @@ class _Row:
     stop: StopCheck | None
     new: list[int] = field(default_factory=list)
     stats: GenerationStats = field(default_factory=GenerationStats)
+    behind: bool = True  # its draft has not read every token but the last: before its first draft, after γ = 0
 
 
 def _steps(target, cache: BatchCache, rows: list[_Row], params: DecodeParams, controller: GammaController | None,
-           tap: FeatureTap | None) -> tuple[list[_Row], float, float]:
+           tap: FeatureTap | None) -> tuple[list[_Row], GenerationStats]:
     """Draft per row, verify all rows in one target pass, hand each row's draft the target's features of what it
-    kept, until every row has finished. Returns the finished rows and the draft and verification seconds."""
+    kept, until every row has finished. Returns the finished rows and the batch's draft, draft prefill (a draft
+    catching up: :meth:`Drafter.catch_up`) and verification seconds."""
     device, eos, max_new_tokens = target.device, params.eos(target), params.max_new_tokens
     finished: list[_Row] = []
-    draft_seconds = verify_seconds = 0.0
+    clocked = GenerationStats()
     while rows:
         t0 = clock(device)
         gamma = controller.gamma if controller else params.num_draft_tokens
-        proposals = []
+        proposals, catching_up = [], 0.0
         for row in rows:
             budget = min(gamma, max_new_tokens - len(row.new) - 1)
             tokens = row.prompt + row.new
+            if budget > 0 and row.behind:
+                start = clock(device)
+                row.stats.draft_prefill_tokens += row.drafter.catch_up(tokens)
+                catching_up += clock(device) - start
+            row.behind = budget <= 0
             proposals.append(row.drafter.propose(tokens, budget, row.sampler) if budget > 0 else Proposal([]))
         t1 = clock(device)
         verdicts = verify_step(target, cache, [row.prompt + row.new for row in rows], proposals,
                                [row.sampler for row in rows])
         t2 = clock(device)
         features = tap.take() if tap else None  # [rows, width, features]: the target's, for drafts that read them
-        draft_seconds += t1 - t0
-        verify_seconds += t2 - t1
+        drafting = t1 - t0 - catching_up
+        clocked.draft_seconds += drafting
+        clocked.draft_prefill_seconds += catching_up
+        clocked.verify_seconds += t2 - t1
         staying = []
         for position, (row, proposal, (path, next_token)) in enumerate(zip(rows, proposals, verdicts, strict=True)):
             row.stats.record_step(len(proposal.tokens), len(path), proposal.depth)
@@ -119,7 +128,7 @@ def _steps(target, cache: BatchCache, rows: list[_Row], params: DecodeParams, co
             if features is not None:  # the root's and the accepted path's
                 row.drafter.observe(features[position, [0, *(1 + node for node in path)]])
             if controller:
-                controller.update(len(proposal.tokens), len(path), (t1 - t0) / len(rows), (t2 - t1) / len(rows))
+                controller.update(len(proposal.tokens), len(path), drafting / len(rows), (t2 - t1) / len(rows))
             if done or (row.stop is not None and row.stop(row.new)):
                 finished.append(row)
             else:
@@ -128,7 +137,7 @@ def _steps(target, cache: BatchCache, rows: list[_Row], params: DecodeParams, co
             rows = [rows[i] for i in staying]
             if rows:
                 cache.select(staying)
-    return finished, draft_seconds, verify_seconds
+    return finished, clocked
 
 
 def _decode(target, draft: Drafter, prompts: list[list[int]], params: DecodeParams, *, stops: list[StopCheck | None],
@@ -162,7 +171,7 @@ def _decode(target, draft: Drafter, prompts: list[list[int]], params: DecodePara
             row.stats = GenerationStats(generations=1, prompt_tokens=len(row.prompt))
             if prefilled is not None:
                 row.drafter.observe(prefilled[row.index, : len(row.prompt) - 1])
-        finished, draft_seconds, verify_seconds = _steps(target, cache, rows, params, controller, tap)
+        finished, clocked = _steps(target, cache, rows, params, controller, tap)
     finally:
         if tap:
             tap.close()
@@ -173,7 +182,8 @@ def _decode(target, draft: Drafter, prompts: list[list[int]], params: DecodePara
         total += row.stats
     total.prefill_seconds = decode_start - start - warm_up
     total.compile_seconds, total.recompiles = warm_up, graphs.compiled_graphs() - compiles
-    total.draft_seconds, total.verify_seconds = draft_seconds, verify_seconds
+    total.draft_seconds, total.verify_seconds = clocked.draft_seconds, clocked.verify_seconds
+    total.draft_prefill_seconds = clocked.draft_prefill_seconds
     total.decode_seconds = clock(device) - decode_start
     return [row.new for row in sorted(finished, key=lambda r: r.index)], total
 
@@ -223,7 +233,7 @@ def autoregressive_generate_batch(target, prompts: Sequence, params: DecodeParam
     """Plain token-by-token decoding of several prompts through the same loop, cache and timing path (the speedup
     baseline): the speculative loop with a draft that proposes nothing. Stats hold baseline tokens and seconds."""
     params = replace(DecodeParams.of(params, **settings), num_draft_tokens=1, dynamic_gamma=False)
-    outputs, stats = speculative_generate_batch(target, _NoDraft(), prompts, params, stops=stops)
+    outputs, stats = speculative_generate_batch(target, NoDraft(), prompts, params, stops=stops)
     return outputs, GenerationStats(baseline_tokens=stats.generated_tokens, baseline_seconds=stats.decode_seconds,
                                     compile_seconds=stats.compile_seconds, recompiles=stats.recompiles)
 

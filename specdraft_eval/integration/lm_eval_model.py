@@ -32,7 +32,7 @@ from specdraft_eval.engine.loop import (
 from specdraft_eval.engine.params import DecodeParams
 from specdraft_eval.errors import SpecdecError, one_line, raise_terminated
 from specdraft_eval.integration.recommend import resolve_auto
-from specdraft_eval.measure.environment import ModelFacts, dtype_name
+from specdraft_eval.measure.environment import ModelFacts
 from specdraft_eval.measure.profiles import default_profile_path, read_profile
 from specdraft_eval.measure.record import SpecdecRecord
 from specdraft_eval.measure.report import table
@@ -45,6 +45,7 @@ from specdraft_eval.models.targets import (
     Target,
     local_dir,
     resolve,
+    runtime_of,
 )
 
 log = logging.getLogger(__name__)
@@ -159,7 +160,7 @@ class SpecDecLM(HFLM):
                         LoadSettings.of_model(self.model, self.use_kernels))
         gamma, dynamic = 4, False
         if DraftSpec.parse(draft).kind == AUTO:
-            recommendation = resolve_auto(target)
+            recommendation = resolve_auto(target, runtime_of(self.model, self.static_cache, self.compile))
             draft, gamma, dynamic = (recommendation.draft, recommendation.num_draft_tokens,
                                      recommendation.dynamic_gamma)
             log.warning("draft=auto for %s: %s, γ %d, dynamic γ %s (%s)", self.target_name, draft, gamma, dynamic,
@@ -313,11 +314,9 @@ class SpecDecLM(HFLM):
             self._drafter.model,
             profile.latencies(self._drafter.name) if profile else None,
             self._mismatch_details,
-            dtype=dtype_name(self.model.dtype),
+            runtime=runtime_of(self.model, self.static_cache, self.compile),
             use_kernels=self.use_kernels,
-            runtime={"static_cache": self.static_cache, "compile": self.compile, "score": self.score,
-                     "attention": getattr(self.model.config, "_attn_implementation", None),
-                     "kernels": kernel_paths.kernels_of(self.model)},
+            score=self.score,
         )
 
     def specdec_info(self) -> dict:

@@ -1,10 +1,11 @@
 """``draft=auto``: the draft that measured fastest for a target, from results files (the one record).
 
-Candidates are the (draft, γ, dynamic γ) configurations with baseline timing in the results files for the
-target whose drafts load here (built-in kinds, or directories and files that exist). The score is the
-measured speedup on the task asked for, else the geometric mean over the tasks measured; configurations
-measured on the hardware ``auto`` runs on come first (a speedup on one machine says little about another's),
-and the reason says when the winner was measured elsewhere. Without a
+Candidates are the configurations (:class:`~specdraft_eval.measure.record.RunKey`) with baseline timing in the
+results files for the target whose drafts load here (built-in kinds, or directories and files that exist). The
+score is the measured speedup on the task asked for, else the geometric mean over the tasks measured;
+configurations measured on the hardware ``auto`` runs on come first (a speedup on one machine says little about
+another's), then those measured with the runtime it runs (dtype, kernels, attention, static cache, compiled
+steps), and the reason says when the winner was measured elsewhere or otherwise. Without a
 configuration that beats plain decoding the answer is prompt lookup with dynamic γ: it needs no weights,
 and dynamic γ falls back to autoregressive steps where lookup finds nothing.
 """
@@ -21,8 +22,8 @@ from specdraft_eval.drafts.spec import AUTO, DraftSpec, draft_kinds
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.files import RecordWarning
 from specdraft_eval.measure.environment import hardware
-from specdraft_eval.measure.record import Configuration, configurations, scan_results
-from specdraft_eval.models.targets import ALIASES, Target
+from specdraft_eval.measure.record import Configuration, RunKey, Runtime, configurations, scan_results
+from specdraft_eval.models.targets import ALIASES, Target, runtime_of
 
 FALLBACK_DRAFT, FALLBACK_GAMMA = "prompt-lookup", 4  # with dynamic γ
 
@@ -32,10 +33,7 @@ class ScoredConfiguration:
     """One measured configuration for the target: its speedup per task (the median over results files, with
     min and max), TAR per task, its score and whether its draft loads here."""
 
-    draft: str
-    num_draft_tokens: int
-    dynamic_gamma: bool
-    hardware: str
+    key: RunKey
     speedup: dict[str, float]
     speedup_spread: dict[str, tuple[float, float]]
     tar: dict[str, float]
@@ -54,12 +52,13 @@ class Recommendation:
     num_draft_tokens: int
     dynamic_gamma: bool
     reason: str
+    runtime: Runtime | None = None  # the measured runtime of the choice (None: the fallback, measured nowhere)
     candidates: list[ScoredConfiguration] = field(default_factory=list)
 
     def table_rows(self) -> list[dict]:
         """The candidates as the text table shows them."""
-        return [{"draft": c.draft, "γ": c.num_draft_tokens, "dynamic γ": c.dynamic_gamma,
-                 "speedup by task": ", ".join(f"{t} {v:.2f}x" for t, v in sorted(c.speedup.items())),
+        return [{"draft": c.key.draft, "γ": c.key.num_draft_tokens, "dynamic γ": c.key.dynamic_gamma,
+                 "hardware": c.key.hardware, "runtime": str(c.key.runtime), "speedup by task": ", ".join(f"{t} {v:.2f}x" for t, v in sorted(c.speedup.items())),
                  "score": c.score, "loads here": c.loadable} for c in self.candidates]
 
 
@@ -84,10 +83,9 @@ def localised(draft: str) -> str | None:
 
 def _candidate(config: Configuration) -> ScoredConfiguration:
     tasks = [t for t in sorted(config.per_task) if config.speedup(t)]
-    return ScoredConfiguration(config.draft, config.num_draft_tokens, config.dynamic_gamma, config.hardware,
-                     {t: config.speedup(t) for t in tasks}, {t: config.speedup_spread(t) for t in tasks},
-                     {t: config.per_task[t].tar for t in tasks}, [str(f.path) for f in config.files],
-                     localised(config.draft) is not None)
+    return ScoredConfiguration(config.key, {t: config.speedup(t) for t in tasks},
+                               {t: config.speedup_spread(t) for t in tasks}, {t: config.per_task[t].tar for t in tasks},
+                               [str(f.path) for f in config.files], localised(config.key.draft) is not None)
 
 
 def candidates(target: str, results: list[Path]) -> list[ScoredConfiguration]:
@@ -106,35 +104,42 @@ def _score(candidate: ScoredConfiguration, task: str | None) -> float | None:
 
 
 def recommend(target: str, task: str | None = None, results: list[Path] | None = None,
-              hardware: str | None = None) -> Recommendation:
+              hardware: str | None = None, runtime: Runtime | None = None) -> Recommendation:
     """The fastest measured configuration for ``target`` that loads here, those measured on ``hardware`` (this
-    machine's name, :func:`specdraft_eval.measure.environment.hardware`) first (see the module docstring). ``results``
-    default: the published results (:mod:`specdraft_eval.published`)."""
+    machine's name, :func:`specdraft_eval.measure.environment.hardware`) first, then those measured with
+    ``runtime`` (see the module docstring). ``results`` default: the published results
+    (:mod:`specdraft_eval.published`)."""
     scored = candidates(target, results if results is not None else [published.results()])
     for candidate in scored:
         candidate.score = _score(candidate, task)
-    scored.sort(key=lambda c: (hardware is not None and c.hardware != hardware, -(c.score or 0)))
+    scored.sort(key=lambda c: (hardware is not None and c.key.hardware != hardware,
+                               runtime is not None and c.key.runtime != runtime, -(c.score or 0)))
     best = next((c for c in scored if c.loadable and c.score and c.score > 1.0), None)
     where = f"on {task}" if task else "geometric mean over the tasks measured"
     if best is None:
         reason = (f"no measured configuration for {target} that loads here beats plain decoding ({where}); "
                   "prompt lookup needs no weights and dynamic γ backs off where it does not pay")
-        return Recommendation(target, task, FALLBACK_DRAFT, FALLBACK_GAMMA, True, reason, scored)
-    elsewhere = hardware is not None and best.hardware != hardware
-    reason = (f"fastest measured: {best.score:.2f}x plain decoding ({where}) on {best.hardware}"
+        return Recommendation(target, task, FALLBACK_DRAFT, FALLBACK_GAMMA, True, reason, None, scored)
+    key = best.key
+    elsewhere = hardware is not None and key.hardware != hardware
+    otherwise = runtime is not None and key.runtime != runtime
+    reason = (f"fastest measured: {best.score:.2f}x plain decoding ({where}) on {key.hardware}"
               + (f", not this machine ({hardware}): no measurement from here" if elsewhere else "")
+              + f", runtime {key.runtime}"
+              + (f", not the one asked for ({runtime}): none measured with it" if otherwise else "")
               + f", from {len(best.files)} results file(s)")
-    return Recommendation(target, task, localised(best.draft), best.num_draft_tokens, best.dynamic_gamma,
-                          reason, scored)
+    return Recommendation(target, task, localised(key.draft), key.num_draft_tokens, key.dynamic_gamma,
+                          reason, key.runtime, scored)
 
 
-def resolve_auto(target: Target) -> Recommendation:
-    """What ``draft=auto`` means for ``target``: the recommendation for its name on the hardware it runs on (the
-    one rule: ``lm_eval --model specdec`` applies its γ and dynamic γ as well, ``zoo`` commands its draft)."""
+def resolve_auto(target: Target, runtime: Runtime | None = None) -> Recommendation:
+    """What ``draft=auto`` means for ``target``: the recommendation for its name on the hardware it runs on and
+    with the ``runtime`` it runs (default: eager, its loaded dtype, kernels and attention). The one rule:
+    ``lm_eval --model specdec`` applies its γ and dynamic γ as well, ``zoo`` commands its draft."""
     if target.name is None:
         raise SpecdecError("draft=auto needs a target loaded by name (load_target(NAME)): its name picks the "
                            "measured results; load it so, or name a draft")
-    return recommend(target.name, hardware=hardware(target.model.device))
+    return recommend(target.name, hardware=hardware(target.model.device), runtime=runtime or runtime_of(target.model))
 
 
 def resolve_draft(draft: str, target: Target) -> str:

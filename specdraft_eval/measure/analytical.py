@@ -35,29 +35,35 @@ def steps_by_draft_length(drafted_per_position: list[int], steps: int) -> dict[i
 @dataclass(frozen=True)
 class Latencies:
     """Separately measured latencies (a profile's) a prediction needs for one draft: ms to verify k draft
-    tokens (k = 0: a plain step), ms per drafted token, and the draft's own prompt processing per token."""
+    tokens (k = 0: a plain step), ms per drafted token, the draft's own prompt processing per token, and the
+    loop's own ms per step outside the draft's and the target's passes (bookkeeping, stop checks; 0: not
+    measured)."""
 
     t_verify_ms: dict[int, float]
     t_draft_ms: float
     draft_prefill_ms_per_token: float = 0.0
     source: str = ""
+    loop_ms_per_step: float = 0.0
 
     def to_json(self) -> dict:
         return {"t_verify_ms": {str(k): v for k, v in sorted(self.t_verify_ms.items())}, "t_draft_ms": self.t_draft_ms,
-                "draft_prefill_ms_per_token": self.draft_prefill_ms_per_token, "source": self.source}
+                "draft_prefill_ms_per_token": self.draft_prefill_ms_per_token, "source": self.source,
+                "loop_ms_per_step": self.loop_ms_per_step}
 
     @classmethod
     def from_json(cls, data: dict) -> Latencies:
         return cls({int(k): float(v) for k, v in data["t_verify_ms"].items()}, float(data["t_draft_ms"]),
-                   float(data.get("draft_prefill_ms_per_token", 0.0)), data.get("source", ""))
+                   float(data.get("draft_prefill_ms_per_token", 0.0)), data.get("source", ""),
+                   float(data.get("loop_ms_per_step", 0.0)))
 
 
 def predicted_from_latencies(stats, latencies: Latencies) -> float | None:
     """Tokens/s a run's counts predict with *separately measured* latencies (a profile), never its own seconds.
 
-    Each step that drafted k tokens (a tree's nodes) costs k·t_draft + t_verify(k) (the mix of k from the drafted
-    histogram; in records older than it, from the per-position counts of chains; with none, every step at the mean
-    γ); the draft reads each prompt once. None when a needed latency is missing.
+    Each step that drafted k tokens (a tree's nodes) costs k·t_draft + t_verify(k) + the loop's own time (the mix
+    of k from the drafted histogram; in records older than it, from the per-position counts of chains; with none,
+    every step at the mean γ); the draft's prefill (each prompt, and its catch-up after dynamic γ drafted nothing) costs
+    ``draft_prefill_ms_per_token`` per position read. None when a needed latency is missing.
     """
     if not stats.steps or not stats.generated_tokens:
         return None
@@ -71,6 +77,7 @@ def predicted_from_latencies(stats, latencies: Latencies) -> float | None:
         mix = {round(stats.draft_tokens / stats.steps): stats.steps}
     if any(k not in verify for k in mix):
         return None
-    seconds = sum(n * (k * t_draft + verify[k]) for k, n in mix.items())
-    seconds += stats.prompt_tokens * latencies.draft_prefill_ms_per_token / 1000
+    seconds = sum(n * (k * t_draft + verify[k] + latencies.loop_ms_per_step / 1000) for k, n in mix.items())
+    read = stats.draft_prefill_tokens or stats.prompt_tokens  # records before catch-up was counted: the prompts
+    seconds += read * latencies.draft_prefill_ms_per_token / 1000
     return stats.generated_tokens / seconds

@@ -24,13 +24,47 @@ from specdraft_eval.measure.analytical import Latencies, predicted_from_latencie
 from specdraft_eval.measure.environment import ModelFacts, hardware, versions
 from specdraft_eval.measure.stats import Divergence, GenerationStats
 
-__all__ = ["SCHEMA_VERSION", "MAX_MISMATCH_DETAILS", "RecordError", "RecordWarning", "SpecdecRecord",
-           "ResultsFile", "read_results", "scan_results", "Configuration", "configurations"]
+__all__ = ["SCHEMA_VERSION", "MAX_MISMATCH_DETAILS", "RecordError", "RecordWarning", "Runtime", "RunKey",
+           "SpecdecRecord", "ResultsFile", "read_results", "scan_results", "Configuration", "configurations"]
 
 SCHEMA_VERSION = 2
 MAX_MISMATCH_DETAILS = 100
 """Baseline mismatches described in a record (all of them are counted)."""
 COUNTER_FIELDS = {f.name for f in fields(GenerationStats)}
+
+
+# --- what a run was ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """How the target ran, where it changes the timings: its weights' dtype, the CPU linear kernels, the static
+    cache, compiled steps and the attention backend (a loaded model's: :func:`specdraft_eval.models.targets.runtime_of`).
+    ``""``: not recorded (files written before it was)."""
+
+    dtype: str = ""
+    kernels: str = ""
+    static_cache: bool = False
+    compile: bool = False
+    attention: str = ""
+
+    def __str__(self) -> str:
+        steps = " compiled" if self.compile else " static-cache" if self.static_cache else ""
+        return f"{self.dtype or '?'} {self.kernels or '?'} {self.attention or '?'}{steps}"
+
+
+@dataclass(frozen=True)
+class RunKey:
+    """What must agree for two runs' figures to merge (records, the leaderboard's rows, ``draft=auto``'s
+    candidates): the target, the hardware, the draft (its tree shape is part of its name), γ, dynamic γ and
+    the :class:`Runtime`."""
+
+    target: str
+    hardware: str
+    draft: str
+    num_draft_tokens: int
+    dynamic_gamma: bool
+    runtime: Runtime = Runtime()
 
 
 # --- the specdec record ------------------------------------------------------------------------------------
@@ -57,21 +91,21 @@ class SpecdecRecord:
     # per mismatch (at most MAX_MISMATCH_DETAILS): task, first differing token index, both tokens, logit margin
     baseline_mismatch_details: list[Divergence] = field(default_factory=list)
     processes: int = 1  # how many processes' counters this record holds (data-parallel ranks, merged runs)
-    dtype: str = ""  # the target's weights' dtype ("" in files written before it was recorded)
+    runtime: Runtime = Runtime()
     use_kernels: bool = False  # whether transformers' hub kernels were asked for
-    runtime: dict = field(default_factory=dict)  # static_cache, compile, attention (the backend the target used)
+    score: str = "target"  # which model scored the log-likelihood tasks (score=draft: the draft)
 
     @classmethod
     def new(cls, target: str, draft: str, num_draft_tokens: int, dynamic_gamma: bool, device,
             per_task: dict[str, GenerationStats], draft_model=None,
             latencies: Latencies | None = None, baseline_mismatch_details: list[Divergence] | None = None, *,
-            dtype: str = "", use_kernels: bool = False, runtime: dict | None = None) -> SpecdecRecord:
+            runtime: Runtime = Runtime(), use_kernels: bool = False, score: str = "target") -> SpecdecRecord:
         """A record of a run on ``device`` now (hardware name and package versions filled in)."""
         facts = ModelFacts.of(draft_model)
         return cls(target, draft, num_draft_tokens, dynamic_gamma, hardware(device), versions(),
                    facts.parameters_m, facts.layers, dict(per_task), latencies,
-                   list(baseline_mismatch_details or [])[:MAX_MISMATCH_DETAILS], dtype=dtype, use_kernels=use_kernels,
-                   runtime=dict(runtime or {}))
+                   list(baseline_mismatch_details or [])[:MAX_MISMATCH_DETAILS], runtime=runtime,
+                   use_kernels=use_kernels, score=score)
 
     @property
     def total(self) -> GenerationStats:
@@ -81,9 +115,9 @@ class SpecdecRecord:
     def baseline_mismatches(self) -> int:
         return self.total.baseline_mismatches
 
-    def key(self) -> tuple:
+    def key(self) -> RunKey:
         """What must agree for two records to merge."""
-        return self.target, self.draft, self.num_draft_tokens, self.dynamic_gamma, self.hardware
+        return RunKey(self.target, self.hardware, self.draft, self.num_draft_tokens, self.dynamic_gamma, self.runtime)
 
     def merge(self, other: SpecdecRecord) -> SpecdecRecord:
         """The record of both runs (or of two data-parallel ranks of one run): counters summed per task, times
@@ -114,9 +148,11 @@ class SpecdecRecord:
             "draft_parameters_m": self.draft_parameters_m,
             "draft_layers": self.draft_layers,
             "hardware": self.hardware,
-            "dtype": self.dtype or None,
+            "dtype": self.runtime.dtype or None,
             "use_kernels": self.use_kernels,
-            "runtime": self.runtime,
+            "runtime": {"static_cache": self.runtime.static_cache, "compile": self.runtime.compile,
+                        "attention": self.runtime.attention or None, "kernels": self.runtime.kernels or None,
+                        "score": self.score},
             "versions": self.versions,
             "generations": total.generations,
             "processes": self.processes,
@@ -142,13 +178,16 @@ class SpecdecRecord:
             per_task = {task: reader(figures) for task, figures in block["per_task"].items()}
             details = [Divergence.from_json(d) for d in block.get("baseline_mismatch_details") or []]
             _restore_mismatch_counts(per_task, int(block.get("baseline_mismatches", 0)), details)
+            ran = block.get("runtime") or {}
+            runtime = Runtime(block.get("dtype") or "", ran.get("kernels") or "", bool(ran.get("static_cache")),
+                              bool(ran.get("compile")), ran.get("attention") or "")
             return cls(block["target"], block["draft"], int(block["num_draft_tokens"]),
                        bool(block.get("dynamic_gamma", False)), block.get("hardware") or "",
                        block.get("versions") or {}, block.get("draft_parameters_m") or 0.0,
                        block.get("draft_layers") or 0, per_task,
                        Latencies.from_json(block["latencies"]) if block.get("latencies") else None, details,
-                       int(block.get("processes", 1)), block.get("dtype") or "", bool(block.get("use_kernels", False)),
-                       dict(block.get("runtime") or {}))
+                       int(block.get("processes", 1)), runtime, bool(block.get("use_kernels", False)),
+                       ran.get("score") or "target")
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise RecordError(f"{path}: malformed specdec record ({type(exc).__name__}: {exc}); "
                               "regenerate or remove it") from None
@@ -230,14 +269,10 @@ def scan_results(paths: list[Path], scoring: bool = False) -> list[ResultsFile]:
 
 @dataclass
 class Configuration:
-    """Every record of one configuration (target, hardware, draft, γ, dynamic γ) across results files: counters
-    summed per task, and each file's speedup per task kept, so a rerun adds a measurement instead of replacing one."""
+    """Every record of one configuration (its :class:`RunKey`) across results files: counters summed per task,
+    and each file's speedup per task kept, so a rerun adds a measurement instead of replacing one."""
 
-    target: str
-    hardware: str
-    draft: str
-    num_draft_tokens: int
-    dynamic_gamma: bool
+    key: RunKey
     files: list[ResultsFile] = field(default_factory=list)
     per_task: dict[str, GenerationStats] = field(default_factory=dict)
     speedups: dict[str, list[float]] = field(default_factory=dict)  # per task, one per file that measured it
@@ -261,11 +296,9 @@ class Configuration:
 
 def configurations(files: list[ResultsFile], target: str | None = None) -> list[Configuration]:
     """Group results files by configuration (optionally only ``target``'s), in the order first seen."""
-    grouped: dict[tuple, Configuration] = {}
+    grouped: dict[RunKey, Configuration] = {}
     for file in files:
-        r = file.record
-        if target is not None and r.target != target:
-            continue
-        key = (r.target, r.hardware, r.draft, r.num_draft_tokens, r.dynamic_gamma)
-        grouped.setdefault(key, Configuration(*key)).add(file)
+        key = file.record.key()
+        if target is None or key.target == target:
+            grouped.setdefault(key, Configuration(key)).add(file)
     return list(grouped.values())

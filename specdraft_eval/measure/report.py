@@ -41,7 +41,7 @@ def table(record: SpecdecRecord) -> str:
         body.append(_cells("all", record.total, record.predicted(record.total)))
     title = f"specdec: target={record.target} draft={record.draft} num_draft_tokens={record.num_draft_tokens}"
     total = record.total
-    if record.runtime.get("compile"):
+    if record.runtime.compile:
         title += (f" (compiled: {total.compile_seconds:.1f} s compiling and warming up, outside every figure; "
                   f"{total.recompiles} graphs compiled in timed steps)")
     return title + "\n" + tabulate(body, headers=[h for _, h in TABLE_COLUMNS], tablefmt="github")

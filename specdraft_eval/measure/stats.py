@@ -45,7 +45,9 @@ class GenerationStats:
     """What one or more speculative generations did. Add two with ``+`` to aggregate.
 
     Times are seconds. ``decode_seconds`` excludes the target's prompt prefill (identical work with
-    or without a draft) and ``compile_seconds`` (compiling and warming up the steps, before the clock starts); the draft's own prompt processing counts as draft time. ``request_tars`` holds
+    or without a draft) and ``compile_seconds`` (compiling and warming up the steps, before the clock starts); the
+    draft's own reading of the prompt, and of what it skipped while dynamic γ was 0, is its prefill
+    (``draft_prefill_tokens``, ``draft_prefill_seconds``), apart from ``draft_seconds``. ``request_tars`` holds
     each request's own TAR (tokens emitted per step), in the order the requests ran; ``prompt_tokens`` the
     speculative requests' prompt lengths, summed.
     """
@@ -70,6 +72,8 @@ class GenerationStats:
     baseline_mismatches: int = 0  # greedy requests whose output differed from plain decoding's
     compile_seconds: float = 0.0  # compiling and warming up the steps (compile=true): outside every other time
     recompiles: int = 0  # graphs compiled during timed steps: 0 when the warm-up covered every shape
+    draft_prefill_tokens: int = 0  # positions the draft read before drafting (prompt, catch-up after γ = 0)
+    draft_prefill_seconds: float = 0.0
 
     def __add__(self, other: GenerationStats) -> GenerationStats:
         merged = {}
@@ -148,6 +152,11 @@ class GenerationStats:
         return self.draft_seconds / self.draft_tokens * 1000 if self.draft_tokens and self._time_split else None
 
     @property
+    def draft_prefill_ms_per_token(self) -> float | None:
+        """The draft's milliseconds per position read before drafting (None where it read none)."""
+        return self.draft_prefill_seconds / self.draft_prefill_tokens * 1000 if self.draft_prefill_tokens else None
+
+    @property
     def verify_ms_per_step(self) -> float | None:
         """The target's milliseconds per verification step (None where time is not split)."""
         return self.verify_seconds / self.steps * 1000 if self.steps and self._time_split else None
@@ -170,7 +179,7 @@ class GenerationStats:
     def loop_overhead(self) -> float | None:
         """Share of decode time outside the draft's and the target's passes (None where time is not split)."""
         if self.decode_seconds > 0 and self.steps and self.verify_seconds > 0:
-            return 1 - (self.draft_seconds + self.verify_seconds) / self.decode_seconds
+            return 1 - (self.draft_seconds + self.draft_prefill_seconds + self.verify_seconds) / self.decode_seconds
         return None
 
     def summary(self) -> dict:
@@ -197,6 +206,7 @@ class GenerationStats:
             "per_request_mean_accepted_length": self.request_tar_percentiles,
             "mean_num_draft_tokens": drafted / steps if steps else None,
             "draft_ms_per_token": self.draft_ms_per_token,
+            "draft_prefill_ms_per_token": self.draft_prefill_ms_per_token,
             "verify_ms_per_step": self.verify_ms_per_step,
             "tokens_per_second": self.tokens_per_second,
             "baseline_tokens_per_second": self.baseline_tokens_per_second,

@@ -17,6 +17,8 @@ from typing import Any
 
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.files import atomic_output, cache_root
+from specdraft_eval.measure.environment import dtype_name
+from specdraft_eval.measure.record import Runtime
 
 
 @dataclass(frozen=True)
@@ -160,7 +162,6 @@ class LoadSettings:
     @classmethod
     def of_model(cls, model, use_kernels: bool = False) -> LoadSettings:
         """The settings a loaded ``model`` runs with: its device, dtype and kernels."""
-        from specdraft_eval.measure.environment import dtype_name
         from specdraft_eval.models.kernels import kernels_of
 
         return cls(str(model.device), dtype_name(model.dtype), kernels_of(model), use_kernels)
@@ -184,6 +185,15 @@ class Target:
     def __post_init__(self) -> None:
         if self.settings is None:
             object.__setattr__(self, "settings", LoadSettings.of_model(self.model))
+
+
+def runtime_of(model, static_cache: bool = False, compile: bool = False) -> Runtime:
+    """The :class:`~specdraft_eval.measure.record.Runtime` of a loaded target ``model`` run with (or without) a
+    static cache and compiled steps: its dtype, kernels and attention backend."""
+    from specdraft_eval.models.kernels import kernels_of
+
+    return Runtime(dtype_name(model.dtype), kernels_of(model), static_cache or compile, compile,
+                   getattr(model.config, "_attn_implementation", None) or "")
 
 
 def load_target(name: str, device: str = "cpu", dtype: str = "float32", kernels: str = "plain",

@@ -27,11 +27,7 @@ from specdraft_eval.drafts.prompt_lookup import PromptLookupDrafter
 from specdraft_eval.engine import graphs
 from specdraft_eval.engine.drafter import Drafter
 from specdraft_eval.engine.gamma import GammaController
-from specdraft_eval.engine.loop import (
-    autoregressive_generate,
-    divergence,
-    speculative_generate,
-)
+from specdraft_eval.engine.loop import NoDraft, divergence, speculative_generate
 from specdraft_eval.measure.profiles import Spread
 from specdraft_eval.measure.stats import GenerationStats
 from specdraft_eval.measure.timers import ForwardTimer, clock, peak_memory_mb
@@ -176,8 +172,8 @@ class Bench:
         if config.engine == OURS_DYNAMIC and config.controller is None:
             config.controller = GammaController.around(self.gamma)
         runtime = {"compile": config.compiled, "capacity": self.capacity}  # one static shape for the whole bench
-        if config.engine == OURS_PLAIN:
-            return lambda: autoregressive_generate(config.target, ids, budget, **runtime)
+        if config.engine == OURS_PLAIN:  # autoregressive_generate's loop, its clock's split kept
+            return lambda: speculative_generate(config.target, NoDraft(), ids, budget, num_draft_tokens=1, **runtime)
         if config.engine in (OURS, OURS_DYNAMIC):
             return lambda: speculative_generate(config.target, config.drafter, ids, budget, num_draft_tokens=self.gamma,
                                                 gamma_controller=config.controller, **runtime)
@@ -298,12 +294,16 @@ def summarise(configs: list[Config], target, target_name: str, gamma: int, max_n
                        max_new_tokens, len(prompts), repeats, rows)
 
 
+ENGINE_CLOCKED = (OURS, OURS_DYNAMIC, OURS_PLAIN)
+"""Rows timed by our engine's own clock (``GenerationStats``), which compiled steps do not bypass."""
+
+
 def _overhead(config: Config, flat: list[Run], forward_s: float, wall: float) -> float:
-    """Share of the wall time outside the model passes: our speculative engine's own split (draft, verification),
+    """Share of the wall time outside the model passes: our engine's own split (draft, its prefill, verification),
     else the module hooks' forward seconds."""
-    if config.engine in (OURS, OURS_DYNAMIC):
+    if config.engine in ENGINE_CLOCKED:
         stats = sum((r.stats for r in flat), GenerationStats())
-        return 1 - (stats.draft_seconds + stats.verify_seconds) / wall
+        return 1 - (stats.draft_seconds + stats.draft_prefill_seconds + stats.verify_seconds) / wall
     return 1 - forward_s / wall
 
 
@@ -313,18 +313,15 @@ def _step_figures(config: Config, flat: list[Run], target_s: float, draft_s: flo
     rows read its own clock (``GenerationStats``), which times compiled steps too (a compiled step calls the
     model's ``forward`` directly, past the module hooks); transformers' rows read the hooks."""
     stats = sum((r.stats for r in flat if r.stats is not None), GenerationStats())
-    if config.engine == OURS_PLAIN:  # one target step per token
-        return StepFigures(1.0, None, stats.baseline_seconds / stats.baseline_tokens * 1000
-                           if stats.baseline_tokens else None, None)
-    if config.engine not in (OURS, OURS_DYNAMIC):  # one target call per step
+    if config.engine not in ENGINE_CLOCKED:  # one target call per step
         draft_calls = sum(len(r.draft_calls) for r in flat)
         steps = sum(len(r.target_calls) for r in flat)
         return StepFigures(sum(len(r.tokens) for r in flat) / steps if steps else None,
                            draft_s / draft_calls * 1000 if draft_calls else None,
                            target_s / steps * 1000 if steps else None, None)
-    drafted = stats.draft_tokens
-    return StepFigures(stats.tar, stats.draft_seconds / drafted * 1000 if drafted else None,
-                       stats.verify_ms_per_step, drafted / stats.steps if stats.steps else None)
+    drafted = stats.draft_tokens  # plain decoding: TAR 1.0, no draft
+    return StepFigures(stats.tar, stats.draft_ms_per_token, stats.verify_ms_per_step,
+                       drafted / stats.steps if stats.steps and drafted else None)
 
 
 def bench(target_name: str, drafts: list[str], prompts: list[str], plan: BenchPlan, settings: LoadSettings,

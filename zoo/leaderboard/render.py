@@ -108,7 +108,9 @@ def groups(rows: list[LeaderboardRow]) -> dict[tuple, list[LeaderboardRow]]:
 
 SHOWN = [(k, h) for k, h in COLUMNS if k not in GROUPED]
 CONVENTIONS = (
-    "One row per configuration (target, hardware, draft, γ, dynamic γ) and task: its runs merged (counters summed, so "
+    "One row per configuration (target, hardware, draft, γ, dynamic γ, runtime: the target's dtype, CPU kernels, "
+    "attention backend and static cache or compiled steps, ? where a file did not record it) and task: its runs "
+    "merged, never runs of another runtime (counters summed, so "
     "TAR and acceptance are over every run; speedup is the median over runs with min and max; tokens/s and latencies "
     "the median; a run of draft=auto is listed under the draft it resolved to). "
     "Speedup is tokens/s over plain decoding of the same requests on the same kernels, timed in the same run. TAR is "

@@ -20,7 +20,7 @@ from specdraft_eval.measure.report import positions
 
 COLUMNS = [
     ("target", "target"), ("hardware", "hardware"), ("draft", "draft"), ("task", "task"), ("gamma", "γ"),
-    ("dynamic_gamma", "dynamic γ"),
+    ("dynamic_gamma", "dynamic γ"), ("runtime", "runtime"),
     ("speedup", "speedup"), ("speedup_min", "speedup min"), ("speedup_max", "speedup max"), ("runs", "runs"),
     ("tar", "TAR"), ("accuracy", "accuracy"), ("draft_accuracy", "draft accuracy"),
     ("draft_bits_per_byte", "draft bits/byte"),
@@ -52,7 +52,7 @@ def _day(date) -> str:
 
 @dataclass(frozen=True)
 class LeaderboardRow:
-    """One configuration (target, hardware, draft, γ, dynamic γ) on one task, its runs merged: what every page,
+    """One configuration (:class:`~specdraft_eval.measure.record.RunKey`) on one task, its runs merged: what every page,
     table and figure shows (:data:`COLUMNS`, plus the metric's name, acceptance per position as numbers and the
     target's own bits per byte)."""
 
@@ -62,6 +62,7 @@ class LeaderboardRow:
     task: str
     gamma: int
     dynamic_gamma: bool
+    runtime: str  # dtype, kernels, attention and static cache or compiled steps (Runtime's text)
     speedup: float | None
     speedup_min: float | None
     speedup_max: float | None
@@ -98,15 +99,15 @@ def rows_from_configuration(config: Configuration) -> list[LeaderboardRow]:
     of ``auto``, which records what it resolved to)."""
     latest = max(config.files, key=lambda f: str(f.date or ""))
     record = latest.record
-    rows = []
+    key, rows = config.key, []
     for task, stats in sorted(config.per_task.items()):
         runs = [f for f in config.files if task in f.record.per_task]
         timed = [f.record.per_task[task] for f in runs]
         scores = [score for score in (_accuracy(f.results.get(task, {})) for f in runs) if score[1] is not None]
         spread = config.speedup_spread(task)
         rows.append(LeaderboardRow(
-            target=config.target, hardware=config.hardware or None, draft=config.draft, task=task,
-            gamma=config.num_draft_tokens, dynamic_gamma=config.dynamic_gamma, speedup=config.speedup(task),
+            target=key.target, hardware=key.hardware or None, draft=key.draft, task=task, gamma=key.num_draft_tokens,
+            dynamic_gamma=key.dynamic_gamma, runtime=str(key.runtime), speedup=config.speedup(task),
             speedup_min=spread[0] if spread else None, speedup_max=spread[1] if spread else None, runs=len(runs),
             tar=stats.tar, accuracy=statistics.median(v for _, v in scores) if scores else None,
             documents=stats.generations or None,
@@ -133,7 +134,7 @@ def lm_scores(files: list[ResultsFile]) -> dict[tuple[str, str], float]:
     ``score=draft``, else its target), the median over runs; keyed by the generative task's name."""
     found: dict[tuple[str, str], list[float]] = {}
     for file in files:
-        model = file.record.draft if file.record.runtime.get("score") == "draft" else file.record.target
+        model = file.record.draft if file.record.score == "draft" else file.record.target
         for task, metrics in file.results.items():
             value = metrics.get("bits_per_byte,none") if isinstance(metrics, dict) else None
             if task.endswith(LM_SUFFIX) and isinstance(value, (int, float)):
@@ -141,8 +142,8 @@ def lm_scores(files: list[ResultsFile]) -> dict[tuple[str, str], float]:
     return {key: statistics.median(values) for key, values in found.items()}
 
 def collect(paths: list[Path]) -> list[LeaderboardRow]:
-    """The leaderboard's rows: one per configuration (target, hardware, draft, γ, dynamic γ) and task, its runs
-    merged. A run without baseline timing whose target is some row's draft measured that draft's own accuracy: it
+    """The leaderboard's rows: one per configuration (:class:`~specdraft_eval.measure.record.RunKey`) and task,
+    its runs merged. A run without baseline timing whose target is some row's draft measured that draft's own accuracy: it
     fills those rows' ``draft_accuracy`` instead of being a row itself; a scoring run (``*_lm`` tasks) fills
     ``draft_bits_per_byte`` (and ``target_bits_per_byte``, for the figures)."""
     files = scan_results(paths, scoring=True)
