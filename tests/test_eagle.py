@@ -79,7 +79,8 @@ def eagle3_dir(tmp: Path, target, midlayer: bool = False) -> Path:
               else {"speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"],
                     "transformer_layer_config": layer, "draft_vocab_size": len(draft_ids),
                     "norm_before_residual": True, "eagle_aux_hidden_state_layer_ids": [1, 3, 4],
-                    "speculators_config": {"algorithm": "eagle3", "verifier": {"name_or_path": "tiny"}}})
+                    "speculators_config": {"algorithm": "eagle3", "verifier": {"name_or_path": "tiny"},
+                                           "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}]}})
     (path / "config.json").write_text(json.dumps(config, default=str))
     return path
 
@@ -140,9 +141,16 @@ def test_our_head_directory_parses_as_its_kind(tmp_path, target):
 
 
 def test_vllm_mapping(tmp_path, target):
+    """Our heads carry an fc bias and a reduced vocabulary vLLM's eagle reader would not read: mapped only once
+    exported (`zoo export`), as an absolute path."""
+    from zoo.export import export_head
+
     head, head3 = eagle_dir(tmp_path, target), eagle3_dir(tmp_path, target)
-    assert speculative_config(f"eagle:{head}", 4) == {"method": "eagle", "model": str(head),
-                                                       "num_speculative_tokens": 4}
+    with pytest.raises(SpecdecError, match=r"an fc bias its eagle reader drops.*zoo export"):
+        speculative_config(f"eagle:{head}", 4)
+    exported = export_head(head, "vllm", tmp_path / "vllm")
+    assert speculative_config(f"eagle:{exported.path}", 4) == {"method": "eagle", "model": exported.path,
+                                                               "num_speculative_tokens": 4}
     assert speculative_config(f"eagle:{head3}", 3)["method"] == "eagle3"
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from specdraft_eval import SpecdecError
@@ -85,7 +87,10 @@ def test_trees_map_to_vllms_static_tree_and_sglangs_topk(tmp_path):
     assert static_tree(1, 8, 3) == [(0,), (0, 0), (0, 0, 0)]  # top-1: vLLM's chain
     assert tree_parents(static_tree(2, 3, 6)) == [-1, -1, 0, 0, 1, 2]
     target = tiny_llama()
-    head, head3 = eagle_dir(tmp_path, target), eagle3_dir(tmp_path, target)
+    from zoo.export import export_head
+
+    head3 = eagle3_dir(tmp_path, target)
+    head = Path(export_head(eagle_dir(tmp_path, target), "vllm", tmp_path / "vllm").path)
     config = speculative_config(f"eagle:{head}@2x3", 6)
     assert config == {"method": "eagle", "model": str(head), "num_speculative_tokens": 6,
                       "speculative_token_tree": str(static_tree(2, 3, 6))}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -105,15 +106,41 @@ def train_head(
     vocab_top: Annotated[int, typer.Option(help="Output vocabulary: the target's commonest tokens (0: all).")] = 8192,
     new_tokens: NewTokensOpt = 160,
     max_prompts: Annotated[Optional[int], typer.Option(help="Continue at most this many prompts.")] = None,
+    kind: Annotated[str, typer.Option(help="eagle (one layer over the last hidden state) or medusa (heads "
+                                           "predicting t+2.., FasterDecoding/Medusa's layout).")] = "eagle",
+    medusa_heads: Annotated[int, typer.Option(help="--kind medusa: how many heads (draft depth).")] = 4,
     device: DeviceOpt = None, dtype: DtypeOpt = "auto", as_json: JsonOpt = False,
 ) -> None:
-    """Train an EAGLE-style head (`draft=eagle:DIR`) on the target's own text and hidden states; rerun to resume."""
+    """Train an EAGLE-style head (`draft=eagle:DIR`) or Medusa heads (`draft=medusa:DIR`) on the target's own text
+    and hidden states; rerun to resume."""
     from zoo.train_head import HeadTraining
     from zoo.train_head import train_head as run
 
-    settings = HeadTraining(prompts, max_prompts, new_tokens, vocab_top=vocab_top, steps=steps)
+    settings = HeadTraining(prompts, max_prompts, new_tokens, vocab_top=vocab_top, steps=steps, kind=kind,
+                            medusa_heads=medusa_heads)
     with progress("continuing prompts, then training") as tick:
         emit(run(model, out, settings, load_settings(device, dtype, False, kernels="plain"), tick), as_json)
+
+
+@app.command()
+@cli_errors
+def export(
+    head: Annotated[Path, typer.Argument(help="An EAGLE head directory (zoo train-head's, the EAGLE repository's or "
+                                              "speculators').")],
+    to: Annotated[str, typer.Option("--to", help="The server that loads it: vllm.")],
+    out: OutOpt,
+    as_json: JsonOpt = False,
+) -> None:
+    """Write an EAGLE head as a server loads it, as it is (and the speculative_config that serves it)."""
+    from zoo.export import export_head
+
+    result = export_head(head, to, out)
+    if as_json:
+        return emit(result.to_json(), True)
+    typer.echo(f"{result.method} head for {to} written to {result.path}; serve it with speculative_config="
+               f"{json.dumps(result.speculative_config)}")
+    for note in result.notes:
+        typer.echo(f"note: {note}")
 
 
 @app.command()

@@ -1,4 +1,5 @@
-"""``zoo train-head``: an EAGLE-style head for a target, trained on the target's own text and hidden states.
+"""``zoo train-head``: an EAGLE-style head (``--kind eagle``) or Medusa heads (``--kind medusa``) for a target, trained
+on the target's own text and hidden states.
 
 1. Data: the target continues held-in prompts greedily (``zoo ngram``'s prompts and generation: never the
    documents the leaderboard measures); its last hidden state (after its final norm) at every position of each
@@ -10,6 +11,11 @@
    the feature + ``cls_weight`` x cross-entropy against the target's distribution (over the head's vocabulary),
    with uniform noise on input features, and a second unrolled step on the head's own predicted features (what
    it drafts from after its first token).
+
+Medusa (``--kind medusa``, FasterDecoding/Medusa's layout): K heads on the same features, head i a ResBlock
+(zero-initialised, as Medusa does) and the target's own output head, trained with cross-entropy on the token at
+t + 2 + i of the target's continuation (its own text: self-distillation); the output heads stay the target's (frozen),
+so a head costs one ResBlock and one vocabulary projection.
 
 State lives in a work folder beside ``out`` (``.OUT.train``: the data, checkpoints every few minutes); the same
 command resumes from it; ``out`` is written atomically at the end and the work folder removed.
@@ -30,14 +36,18 @@ import torch
 import torch.nn.functional as F
 
 from specdraft_eval.drafts.eagle import HEAD_FILE, HEAD_FORMAT, EagleHead, new_head
+from specdraft_eval.drafts.medusa import MedusaHeads
 from specdraft_eval.drafts.ngram import vocab_fingerprint
 from specdraft_eval.engine.drafter import FINAL
 from specdraft_eval.engine.taps import FeatureTap
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.files import atomic_output, write_json
+from specdraft_eval.models import kernels
 from specdraft_eval.models.targets import LoadSettings
 from zoo.held_in import check_out, generate_batches, ngram_prompts
 from zoo.progress import Tick, no_progress
+
+KINDS = ("eagle", "medusa")
 
 
 @dataclass(frozen=True)
@@ -57,6 +67,13 @@ class HeadTraining:
     noise: float = 0.1  # uniform noise on input features, as EAGLE
     unroll: int = 2  # steps trained in a row, the later ones on the head's own features
     seed: int = 0
+    kind: str = "eagle"  # or "medusa"
+    medusa_heads: int = 4
+    medusa_layers: int = 1
+
+    @property
+    def medusa(self) -> bool:
+        return self.kind == "medusa"
 
     def check(self) -> None:
         for name in ("new_tokens", "context", "steps", "batch_size", "window", "unroll"):
@@ -68,6 +85,11 @@ class HeadTraining:
             raise SpecdecError(f"--window {self.window} must exceed --unroll {self.unroll}")
         if not 0 <= self.lr < 1:
             raise SpecdecError(f"--lr {self.lr} must lie in [0, 1)")
+        if self.kind not in KINDS:
+            raise SpecdecError(f"--kind {self.kind!r}: use one of {', '.join(KINDS)}")
+        if self.medusa and (self.medusa_heads < 1 or self.medusa_layers < 0 or self.window <= self.medusa_heads + 1):
+            raise SpecdecError(f"--medusa-heads must be >= 1 and below --window - 1, --medusa-layers >= 0 (got "
+                               f"{self.medusa_heads}, {self.medusa_layers})")
 
 
 def save_head(directory: Path, head: EagleHead, meta: dict) -> None:
@@ -153,6 +175,50 @@ def head_losses(head: EagleHead, embed: torch.nn.Module, ids: torch.Tensor, feat
     return total, agreement
 
 
+def new_medusa(target, settings: HeadTraining) -> MedusaHeads:
+    """Medusa heads for ``target``: ResBlocks zero-initialised (identity at the start, as Medusa's), each output layer
+    the target's own head (frozen)."""
+    hidden, vocab = target.config.hidden_size, target.config.vocab_size
+    heads = MedusaHeads(settings.medusa_heads, settings.medusa_layers, hidden, vocab)
+    for block, out in zip(heads.blocks, heads.out):
+        torch.nn.init.zeros_(block.weight)
+        torch.nn.init.zeros_(block.bias)
+        out.weight = torch.nn.Parameter(kernels.output_weight(target).detach().float().clone(), requires_grad=False)
+    return heads.to(target.device)
+
+
+def medusa_losses(heads: MedusaHeads, ids: torch.Tensor, feats: torch.Tensor) -> tuple[torch.Tensor, list[float]]:
+    """Cross-entropy of head i (features at t) on the token at t + 2 + i, summed over heads; each head's top-1
+    agreement with that token."""
+    total, agreement = 0.0, []
+    for i, (block, out) in enumerate(zip(heads.blocks, heads.out)):
+        span = ids.shape[1] - 2 - i
+        x = feats[:, :span]
+        for _ in range(heads.layers):
+            x = x + F.silu(block(x))
+        logits = out(x)  # [B, span, vocab]
+        wanted = ids[:, 2 + i: 2 + i + span]
+        total = total + F.cross_entropy(logits.flatten(0, 1), wanted.flatten())
+        agreement.append(float((logits.argmax(-1) == wanted).float().mean()))
+    return total, agreement
+
+
+def save_medusa(directory: Path, heads: MedusaHeads, target_name: str, meta: dict) -> None:
+    """Medusa's layout: ``config.json`` (``medusa_num_heads``, ``medusa_num_layers``, ``base_model_name_or_path``, and
+    our training record) and ``medusa_lm_head.pt`` (per head i: ``i.j.linear`` for each of its L ResBlock slots, one
+    set of weights as upstream shares them, and ``i.L.weight``)."""
+    state = {}
+    for i, (block, out) in enumerate(zip(heads.blocks, heads.out)):
+        for j in range(heads.layers):
+            state[f"{i}.{j}.linear.weight"] = block.weight.detach().cpu().contiguous()
+            state[f"{i}.{j}.linear.bias"] = block.bias.detach().cpu().contiguous()
+        state[f"{i}.{heads.layers}.weight"] = out.weight.detach().cpu().contiguous()
+    torch.save(state, directory / "medusa_lm_head.pt")
+    (directory / "config.json").write_text(json.dumps(
+        {"medusa_num_heads": len(heads.out), "medusa_num_layers": heads.layers, "base_model_name_or_path": target_name,
+         "specdraft_eval": meta}, indent=1, default=str))
+
+
 class _Work:
     """The work folder beside ``out``: data, checkpoint, settings."""
 
@@ -181,27 +247,29 @@ class _Work:
 class _Run:
     """What a checkpoint holds: the head, its optimizer and the steps done."""
 
-    head: EagleHead
+    head: torch.nn.Module  # an EagleHead or MedusaHeads
     optimizer: torch.optim.Optimizer
     work: _Work
     step: int = 0
 
     def checkpoint(self) -> None:
-        self.work.save("checkpoint.pt", {"head": self.head.state_dict(), "optimizer": self.optimizer.state_dict(),
+        trained = {name: p.detach() for name, p in self.head.named_parameters() if p.requires_grad}  # not the
+        self.work.save("checkpoint.pt", {"head": trained, "optimizer": self.optimizer.state_dict(),  # target's rows
                                          "step": self.step})
 
 
-def _train(run: _Run, trainable, embed, sequences, features, rng: random.Random, settings: HeadTraining,
+def _train(run: _Run, trainable, losses, sequences, features, rng: random.Random, settings: HeadTraining,
            tick: Tick, log, device) -> None:
-    """Train from ``run.step`` to ``settings.steps``, with a checkpoint every two minutes and at the end."""
-    head, optimizer, step = run.head, run.optimizer, run.step
+    """Train from ``run.step`` to ``settings.steps`` on ``losses(ids, feats) -> (loss, agreement by step or head)``,
+    with a checkpoint every two minutes and at the end."""
+    optimizer, step = run.optimizer, run.step
     last_save = time.perf_counter()
     while step < settings.steps:
         lr = settings.lr * min(1.0, (step + 1) / 50) * 0.5 * (1 + math.cos(math.pi * step / settings.steps))
         for group in optimizer.param_groups:
             group["lr"] = lr
         ids, feats = _batch(sequences, features, rng, settings)
-        loss, agreement = head_losses(head, embed, ids.to(device), feats.to(device), settings)
+        loss, agreement = losses(ids.to(device), feats.to(device))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)
@@ -210,7 +278,7 @@ def _train(run: _Run, trainable, embed, sequences, features, rng: random.Random,
         run.step = step
         tick(1)
         if step % 100 == 0:
-            log(f"step {step}: loss {float(loss.detach()):.3f}, top-1 agreement by step {[round(a, 3) for a in agreement]}")
+            log(f"step {step}: loss {float(loss.detach()):.3f}, top-1 agreement {[round(a, 3) for a in agreement]}")
         if time.perf_counter() - last_save > 120 or step == settings.steps:
             run.checkpoint()
             last_save = time.perf_counter()
@@ -239,9 +307,15 @@ def train_head(model: str, out: Path, settings: HeadTraining = HeadTraining(), l
         log(f"{sum(map(len, sequences))} tokens with features, {generated} of them generated")
         work.save("data.pt", data)
     sequences, features = data["sequences"], data["features"]
-    token_ids = top_tokens(sequences, settings.vocab_top)
-    head = new_head(target, token_ids, settings.seed).float()
+    token_ids = None if settings.medusa else top_tokens(sequences, settings.vocab_top)
+    torch.manual_seed(settings.seed)
+    head = new_medusa(target, settings) if settings.medusa else new_head(target, token_ids, settings.seed).float()
     embed = target.get_input_embeddings()
+
+    def losses(ids, feats, noise: bool = True):
+        return medusa_losses(head, ids, feats) if settings.medusa else head_losses(head, embed, ids, feats, settings,
+                                                                                    noise)
+
     trainable = [p for p in head.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=settings.lr, weight_decay=0.0)
     held = max(1, len(sequences) // 20)  # the last 5% of sequences: agreement measured, never trained on
@@ -256,34 +330,38 @@ def train_head(model: str, out: Path, settings: HeadTraining = HeadTraining(), l
     tick(run.step)
     head.train()
     try:
-        _train(run, trainable, embed, train_seqs, train_feats, rng, settings, tick, log, target.device)
+        _train(run, trainable, losses, train_seqs, train_feats, rng, settings, tick, log, target.device)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: keep what was learnt; the same command resumes from it
         run.checkpoint()
         raise
     head.eval()
-    agreement = _agreement(head, embed, sequences[-held:], features[-held:], settings, target.device)
+    agreement = _agreement(lambda ids, feats: losses(ids, feats, noise=False), sequences[-held:], features[-held:],
+                           settings.medusa_heads + 1 if settings.medusa else settings.unroll + 1, target.device)
     meta = {"target": model, "vocab": vocab_fingerprint(tokenizer), "taps": [FINAL], "token_ids": token_ids,
             "training": {**asdict(settings), "sequences": len(sequences), "tokens": sum(map(len, sequences)),
                          "generated_tokens": data["generated"], "held_out_sequences": held,
-                         "top1_agreement_by_step": agreement,
+                         ("top1_agreement_by_head" if settings.medusa else "top1_agreement_by_step"): agreement,
                          "minutes": round((time.perf_counter() - started) / 60, 1)}}
     with atomic_output(out, directory=True) as tmp:
-        save_head(tmp, head.to(target.dtype), meta)
+        if settings.medusa:
+            save_medusa(tmp, head, model, meta)
+        else:
+            save_head(tmp, head.to(target.dtype), meta)
     shutil.rmtree(work.path, ignore_errors=True)
-    return {"out": str(out), "draft": f"eagle:{out}", "parameters": sum(p.numel() for p in trainable),
+    return {"out": str(out), "draft": f"{settings.kind}:{out}", "parameters": sum(p.numel() for p in trainable),
             **meta["training"]}
 
 
 @torch.no_grad()
-def _agreement(head: EagleHead, embed, sequences, features, settings: HeadTraining, device) -> list[float]:
-    """Top-1 agreement with the target by unrolled step on held-out sequences (first-token acceptance's proxy)."""
-    sums = [0.0] * settings.unroll
+def _agreement(losses, sequences, features, shortest: int, device) -> list[float]:
+    """Top-1 agreement with the target by unrolled step (EAGLE) or by head (Medusa) on held-out sequences longer than
+    ``shortest`` tokens (first-token acceptance's proxy)."""
+    sums: list[float] = []
     count = 0
     for tokens, feats in zip(sequences, features, strict=True):
-        if len(tokens) <= settings.unroll + 1:
+        if len(tokens) <= shortest:
             continue
-        _, agreement = head_losses(head, embed, torch.tensor([tokens], device=device),
-                                   feats[None].float().to(device), settings, noise=False)
-        sums = [s + a for s, a in zip(sums, agreement, strict=True)]
+        _, agreement = losses(torch.tensor([tokens], device=device), feats[None].float().to(device))
+        sums = [s + a for s, a in zip(sums or [0.0] * len(agreement), agreement, strict=True)]
         count += 1
     return [round(s / max(count, 1), 4) for s in sums]

@@ -55,8 +55,10 @@ WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 @dataclass
 class HeadLayout:
     """What a head reads and how it is built: ``variant`` (:data:`EAGLE` or :data:`EAGLE3`), the target's hidden
-    states it reads (``taps``), its decoder layer's config, and its output vocabulary as target ids (``token_ids``:
-    None for the target's whole vocabulary)."""
+    states it reads (``taps``, ascending), its decoder layers' config (``num_hidden_layers`` of them), its output
+    vocabulary as target ids (``token_ids``: None for the target's whole vocabulary), where EAGLE-3's first layer
+    takes its residual (``norm_before_residual``), an RMS norm over the taps before ``fc`` (``norm_before_fc``) and
+    whether it brings its own token embedding (``own_embedding``; else it reads the target's)."""
 
     variant: str
     taps: tuple[int, ...]
@@ -64,6 +66,8 @@ class HeadLayout:
     token_ids: list[int] | None = None
     norm_before_residual: bool = False
     meta: dict = field(default_factory=dict)
+    norm_before_fc: bool = False
+    own_embedding: bool = False
 
 
 class Eagle3Layer(nn.Module):
@@ -103,18 +107,22 @@ class EagleHead(nn.Module):
         super().__init__()
         config, hidden = layout.config, layout.config.hidden_size
         self.variant, self.taps, self.config = layout.variant, layout.taps, config
+        self.input_norm = (LlamaRMSNorm(len(layout.taps) * target_hidden, config.rms_norm_eps)
+                           if layout.norm_before_fc else None)
+        self.embed_tokens = nn.Embedding(config.vocab_size, hidden) if layout.own_embedding else None
         if layout.variant == EAGLE:
             self.fc = nn.Linear(2 * hidden, hidden, bias=fc_bias)
-            layer = LlamaDecoderLayer(config, layer_idx=0)
-            layer.input_layernorm = nn.Identity()  # EAGLE skips its first layer's input norm
+            first = LlamaDecoderLayer(config, layer_idx=0)
+            first.input_layernorm = nn.Identity()  # EAGLE skips its first layer's input norm
             self.norm: nn.Module = nn.Identity()
             self.lm_head: nn.Linear | None = None  # the target's (rows of token_ids), set by the drafter
         else:
             self.fc = nn.Linear(len(layout.taps) * target_hidden, hidden, bias=fc_bias)
-            layer = Eagle3Layer(config, layout.norm_before_residual)
+            first = Eagle3Layer(config, layout.norm_before_residual)
             self.norm = LlamaRMSNorm(hidden, config.rms_norm_eps)
             self.lm_head = nn.Linear(hidden, len(layout.token_ids or []) or config.vocab_size, bias=False)
-        self.layers = nn.ModuleList([layer])
+        rest = [LlamaDecoderLayer(config, layer_idx=i) for i in range(1, config.num_hidden_layers)]
+        self.layers = nn.ModuleList([first, *rest])  # later layers: plain decoder layers, as speculators and vLLM
         self.rotary_emb = LlamaRotaryEmbedding(config)
 
     @property
@@ -133,12 +141,17 @@ class EagleHead(nn.Module):
         if self.variant == EAGLE:
             x = self.fc(torch.cat([embeds, features], dim=-1))  # [B, T, H]
         else:
-            x = torch.cat([embeds, features if own else self.fc(features)], dim=-1)  # [B, T, 2H]
+            if not own:
+                features = self.fc(self.input_norm(features) if self.input_norm is not None else features)
+            x = torch.cat([embeds, features], dim=-1)  # [B, T, 2H]
         if mask is None:
             mask = create_causal_mask(config=self.config, inputs_embeds=x, attention_mask=None, cache=cache,
                                       position_ids=position_ids)
-        return self.layers[0](x, attention_mask=mask, position_ids=position_ids, cache=cache,
-                              use_cache=cache is not None, position_embeddings=self.rotary_emb(x, position_ids))
+        rotary = self.rotary_emb(x, position_ids)
+        for layer in self.layers:
+            x = layer(x, attention_mask=mask, position_ids=position_ids, cache=cache, use_cache=cache is not None,
+                      position_embeddings=rotary)
+        return x
 
     def use_target_head(self, target, token_ids: list[int] | None) -> None:
         """Read with ``target``'s own output head, as EAGLE does: its rows of ``token_ids`` (all rows when None),
@@ -201,7 +214,7 @@ class EagleDrafter(DrafterBase):
         self.model, self.name, self.taps, self.tree = head, name, head.taps, tree
         self.drafts_trees = tree is not None
         self.vocab_size = target.config.vocab_size
-        self._embed = target.get_input_embeddings()
+        self._embed = head.embed_tokens if head.embed_tokens is not None else target.get_input_embeddings()
         self._ids = torch.tensor(token_ids, dtype=torch.long, device=target.device) if token_ids else None
         if head.lm_head is None:
             head.use_target_head(target, token_ids)
@@ -412,8 +425,30 @@ def describe(arg: str) -> tuple[str, int | None]:
     return variant, len(meta["token_ids"]) if meta.get("token_ids") else None
 
 
+def vllm_differences(arg: str) -> str | None:
+    """What vLLM's reader of the head ``arg`` would read differently from our loader (an EAGLE-1 ``fc`` bias, which
+    its ``llama_eagle`` has none of; our reduced vocabulary, which it ignores; a speculators config without the
+    proposal method vLLM validates), or None: ``zoo export --to vllm`` writes it as vLLM reads it."""
+    directory = _directory(arg)
+    config, state, meta = read_checkpoint(directory)
+    found = []
+    if variant_of(config, state) == EAGLE3:
+        methods = (config.get("speculators_config") or {}).get("proposal_methods") or [{}]
+        if "speculators_model_type" in config and "speculative_tokens" not in methods[0]:
+            found.append("no speculators_config.proposal_methods[0].speculative_tokens")
+    else:
+        if "fc.bias" in state:
+            found.append("an fc bias its eagle reader drops")
+        if meta.get("token_ids"):
+            found.append(f"a {len(meta['token_ids'])}-token vocabulary it ignores")
+    return "; ".join(found) or None
+
+
 def read_layout(directory: Path, weights: dict[str, torch.Tensor], target) -> HeadLayout:
-    """The head's layout from its config (and, for the EAGLE repository's EAGLE-3, its key names)."""
+    """The head's layout from its config and its (renamed, :func:`_rename`) weights' key names: the variant, taps
+    (under the config's ``eagle_aux_hidden_state_layer_ids``, its layer config's or ``eagle_config``'s; ascending,
+    as the target produces them), layers, norms, vocabulary and embedding. Missing fields take vLLM's defaults
+    (a speculators config without ``norm_before_residual``: True; the EAGLE repository's EAGLE-3: False)."""
     config_path = directory / "config.json"
     if not config_path.is_file():
         raise SpecdecError(f"EAGLE head {directory} has no config.json: point at a head directory")
@@ -423,22 +458,55 @@ def read_layout(directory: Path, weights: dict[str, torch.Tensor], target) -> He
         variant = variant_of(config, weights)
     except SpecdecError as exc:
         raise SpecdecError(f"EAGLE head {directory}: {exc}") from None
+    layer_config = config.get("transformer_layer_config", config) if variant == EAGLE3 else config
+    kind = layer_config.get("model_type", "llama")
+    if kind not in ("llama", None) or any(".q_norm." in k or ".k_norm." in k for k in weights):
+        raise SpecdecError(f"EAGLE head {directory} has {kind} decoder layers (q/k norms): only Llama-layer heads "
+                           "are supported; use a Llama-family head")
+    layers = _layer_count(directory, layer_config, weights)
+    hidden = layer_config.get("hidden_size", target.config.hidden_size)
+    embed = weights.get("embed_tokens.weight")
+    own_embedding = embed is not None and tuple(embed.shape) == (target.config.vocab_size, hidden)
+    if embed is not None and not own_embedding:
+        raise SpecdecError(f"EAGLE head {directory} has an embed_tokens of {list(embed.shape)}, not the target's "
+                           f"vocabulary by the head's width ({target.config.vocab_size} x {hidden}): use a head "
+                           "trained for this target")
+    if embed is None and hidden != target.config.hidden_size:
+        raise SpecdecError(f"EAGLE head {directory} is {hidden} wide, the target {target.config.hidden_size}, and it "
+                           "has no embed_tokens of its own: use a head trained for this target")
     if variant == EAGLE3:
-        layer_config = config.get("transformer_layer_config", config)
-        taps = config.get("eagle_aux_hidden_state_layer_ids") or layer_config.get("eagle_aux_hidden_state_layer_ids")
-        taps = tuple(taps) if taps else (2, depth // 2, depth - 3)
+        listed = (config.get("eagle_aux_hidden_state_layer_ids") or layer_config.get("eagle_aux_hidden_state_layer_ids")
+                  or (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids"))
+        taps = tuple(sorted(listed)) if listed else (2, depth // 2, depth - 3)
         if any(not 0 <= t < depth for t in taps):
             raise SpecdecError(f"EAGLE head {directory} reads layers {list(taps)}, but the target has {depth} layers: "
                                "use a head trained for this target")
         d2t = weights.get("d2t")
         token_ids = (torch.arange(len(d2t)) + d2t).tolist() if d2t is not None else None
-        return HeadLayout(EAGLE3, taps, _llama_config(layer_config, 1), token_ids,
-                          bool(config.get("norm_before_residual", False)))
+        speculators = "speculators_model_type" in config
+        return HeadLayout(EAGLE3, taps, _llama_config(layer_config, layers), token_ids,
+                          bool(config.get("norm_before_residual", speculators)),
+                          norm_before_fc=bool(config.get("norm_before_fc", False)), own_embedding=own_embedding)
     meta = _read_json(directory / HEAD_FILE) if (directory / HEAD_FILE).is_file() else {}
     if meta and meta.get("format") != HEAD_FORMAT:
         raise SpecdecError(f"{directory / HEAD_FILE} has format {meta.get('format')!r}, not {HEAD_FORMAT}: "
                            "rebuild the head with zoo train-head")
-    return HeadLayout(EAGLE, (FINAL,), _llama_config(config, 1), meta.get("token_ids"), meta=meta)
+    return HeadLayout(EAGLE, (FINAL,), _llama_config(config, layers), meta.get("token_ids"), meta=meta,
+                      own_embedding=own_embedding)
+
+
+def _layer_count(directory: Path, config: dict, weights: dict[str, torch.Tensor]) -> int:
+    """How many decoder layers the weights hold (``layers.0`` .. ``layers.N-1``), checked against the config's
+    ``num_hidden_layers`` where it has one."""
+    found = {int(k.split(".")[1]) for k in weights if k.startswith("layers.") and k.split(".")[1].isdigit()}
+    count = max(found, default=0) + 1
+    if found != set(range(count)):
+        raise SpecdecError(f"EAGLE head {directory} holds decoder layers {sorted(found)}: not 0..N-1; download it again")
+    stated = config.get("num_hidden_layers")
+    if stated is not None and stated != count:
+        raise SpecdecError(f"EAGLE head {directory}: its config says {stated} decoder layers, its weights hold {count}; "
+                           "fix the config's num_hidden_layers or download the head again")
+    return count
 
 
 def _llama_config(values: dict, layers: int) -> LlamaConfig:
@@ -457,11 +525,49 @@ def _rename(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+IGNORED = {
+    "t2d": "the target-to-draft map: d2t's inverse",
+    "verifier_norm.weight": "a training copy of the target's final norm",
+    "verifier_lm_head.weight": "a training copy of the target's output head",
+}
+"""Keys a head may carry that drafting never reads (upstream loaders skip them too), and why."""
+
+
+def _unread(head: EagleHead, layout: HeadLayout, state: dict[str, torch.Tensor]) -> list[str]:
+    """The checkpoint's keys the head does not read: none may remain but :data:`IGNORED` and EAGLE's skipped first
+    input norm (``d2t`` is read into the layout's vocabulary)."""
+    expected = set(head.state_dict())
+    skipped = set(IGNORED) | {"d2t"}
+    if layout.variant == EAGLE:
+        skipped.add("layers.0.input_layernorm.weight")  # EAGLE-1 skips it (cnets1.py, vLLM's llama_eagle)
+    return sorted(k for k in state if k not in expected and k not in skipped)
+
+
+def _match_biases(head: EagleHead, state: dict[str, torch.Tensor]) -> None:
+    """Give each linear layer of the head the bias the checkpoint has for it (qkv_bias, attention_bias and mlp
+    bias variants alike), so that every bias is read and none invented."""
+    modules = dict(head.named_modules())
+    for key in state:
+        module = modules.get(key.removesuffix(".bias")) if key.endswith(".bias") else None
+        if isinstance(module, nn.Linear) and module.bias is None:
+            module.bias = nn.Parameter(torch.zeros(module.out_features))
+
+
+def read_checkpoint(directory: Path) -> tuple[dict, dict[str, torch.Tensor], dict]:
+    """A head directory's config, its weights under our key names and our ``eagle.json`` (empty where absent)."""
+    if not (directory / "config.json").is_file():
+        raise SpecdecError(f"EAGLE head {directory} has no config.json: point at a head directory")
+    meta = _read_json(directory / HEAD_FILE) if (directory / HEAD_FILE).is_file() else {}
+    return _read_json(directory / "config.json"), _rename(_weights(directory)), meta
+
+
 def load_head(directory: Path, target, tokenizer=None) -> tuple[EagleHead, HeadLayout]:
     """Read a head in any supported layout and check it against ``target`` (and the tokenizer our own heads were
-    trained with); one-line errors name what is missing. The embedding is always the target's."""
-    weights = _weights(directory)
-    layout = read_layout(directory, weights, target)
+    trained with), strictly: every key of the checkpoint is read, or skipped for a reason upstream loaders share
+    (:data:`IGNORED`), or the head is refused in one line naming it; missing keys likewise. The embedding is the
+    head's own where it has one, as vLLM reads it, else the target's."""
+    state = _rename(_weights(directory))
+    layout = read_layout(directory, state, target)
     meta_vocab = layout.meta.get("vocab")
     if meta_vocab:
         from specdraft_eval.drafts.ngram import vocab_fingerprint
@@ -469,21 +575,28 @@ def load_head(directory: Path, target, tokenizer=None) -> tuple[EagleHead, HeadL
         if tokenizer is not None and vocab_fingerprint(tokenizer) != meta_vocab:
             raise SpecdecError(f"EAGLE head {directory} was trained for another tokenizer: train one for this "
                                "target with zoo train-head")
-    if "fc.weight" not in weights:
+    if "fc.weight" not in state:
         raise SpecdecError(f"EAGLE head {directory} lacks fc.weight: not an EAGLE or EAGLE-3 head")
     target_hidden = target.config.hidden_size
     hidden = layout.config.hidden_size
     if layout.variant == EAGLE and hidden != target_hidden:
         raise SpecdecError(f"EAGLE head {directory} is {hidden} wide, the target {target_hidden}: use a head trained "
                            "for this target")
-    head = EagleHead(layout, target_hidden, fc_bias="fc.bias" in weights)
-    state = _rename(weights)
-    expected = set(head.state_dict()) - {k for k in head.state_dict() if k.startswith("rotary_emb.")}
+    head = EagleHead(layout, target_hidden, fc_bias="fc.bias" in state)
+    _match_biases(head, state)
+    expected = {k for k in head.state_dict() if not k.startswith("rotary_emb.")}
+    if layout.variant == EAGLE:
+        expected.discard("layers.0.input_layernorm.weight")
     missing = sorted(expected - set(state))
     if missing:
         raise SpecdecError(f"EAGLE head {directory} lacks {', '.join(missing[:3])}"
                            f"{' and more' if len(missing) > 3 else ''}: not a {layout.variant} head of a supported "
                            "layout (EAGLE repository, speculators eagle3)")
+    unread = _unread(head, layout, state)
+    if unread:
+        raise SpecdecError(f"EAGLE head {directory} has weights this loader does not model: {', '.join(unread[:3])}"
+                           f"{f' and {len(unread) - 3} more' if len(unread) > 3 else ''}; drafting without them "
+                           "would draft wrong tokens: use a head of a supported layout")
     try:
         head.load_state_dict({k: v for k, v in state.items() if k in expected}, strict=False)
     except RuntimeError as exc:

@@ -21,6 +21,8 @@ vLLM's counters (``LLM.get_metrics()`` or the Prometheus endpoint; with or witho
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from specdraft_eval.drafts.spec import AUTO, COMPOSITE, MODEL, DraftSpec
 from specdraft_eval.engine.drafter import static_tree
 from specdraft_eval.errors import SpecdecError
@@ -31,11 +33,17 @@ COUNTERS = ("spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_deco
 
 
 def _eagle(arg: str | None):
-    """(head directory or hub id, its :class:`~specdraft_eval.drafts.eagle.TreeShape` or None, its variant)."""
-    from specdraft_eval.drafts.eagle import describe, split
+    """(head directory, absolute, or hub id; its :class:`~specdraft_eval.drafts.eagle.TreeShape` or None; its
+    variant; what vLLM would read differently from our loader, or None)."""
+    from specdraft_eval.drafts.eagle import describe, split, vllm_differences
 
     where, tree = split(arg or "")
-    return where, tree, describe(where)[0]
+    local = Path(where).expanduser()
+    if not local.is_dir():
+        from specdraft_eval import published
+
+        local = published.base() / where  # a shipped head, named as the published results name it
+    return (str(local.resolve()) if local.is_dir() else where), tree, describe(where)[0], vllm_differences(where)
 
 
 def speculative_config(draft: str, num_draft_tokens: int) -> dict:
@@ -70,11 +78,17 @@ def speculative_config(draft: str, num_draft_tokens: int) -> dict:
     if kind == "ngram":
         raise SpecdecError(f"vLLM has no n-gram-table draft ({draft}): serve prompt-lookup (vLLM's ngram) instead")
     if kind == "eagle":
-        where, tree, method = _eagle(arg)
+        where, tree, method, differences = _eagle(arg)
+        if differences:
+            raise SpecdecError(f"vLLM would run head {where} differently ({differences}): write it as vLLM reads it "
+                               f"with `zoo export {where} --to vllm --out DIR` and map eagle:DIR")
         config = {"method": method, "model": where, "num_speculative_tokens": num_draft_tokens}
         if tree is not None:
             config["speculative_token_tree"] = str(static_tree(tree.topk, tree.depth, num_draft_tokens))
         return config
+    if kind == "medusa":
+        raise SpecdecError(f"vLLM reads Medusa heads in its own layout, which `zoo export` does not write yet ({draft}): "
+                           "serve an EAGLE head or a draft model")
     if kind == AUTO:
         raise SpecdecError("resolve draft=auto first (`zoo recommend`), then map the draft it names")
     if kind != MODEL:
@@ -89,7 +103,7 @@ def sglang_args(draft: str, num_draft_tokens: int) -> dict:
     error for the kinds SGLang has no counterpart of."""
     spec = DraftSpec.parse(draft)
     if spec.kind == "eagle":
-        where, tree, method = _eagle(spec.arg)
+        where, tree, method, _ = _eagle(spec.arg)
         topk, steps = (tree.topk, tree.depth) if tree else (1, num_draft_tokens)
         return {"speculative-algorithm": "EAGLE3" if method == "eagle3" else "EAGLE",
                 "speculative-draft-model-path": where, "speculative-num-steps": steps,

@@ -162,9 +162,10 @@ def markdown(rows: list[LeaderboardRow], page: Page) -> str:
     out += ["## Figures", ""] + [line for name, title in page.figures for line in (f"![{title}]({name})", "")]
     if page.validation:
         out += ["## The analytical model, checked", "",
-                "Predicted tokens/s (latencies from a separate profile, measured TAR) against measured tokens/s, "
-                "from `zoo validate` (figures in [validation.json](validation.json)):", "",
-                "![predicted against measured tokens/s](validation.png)", ""]
+                "Predicted speedup over plain decoding (each repeat's own profile and loop time, the runs' counts) "
+                "against the speedup measured over plain decoding interleaved with the runs, from `zoo validate` "
+                "(figures, tokens/s beside them, in [validation.json](validation.json)):", "",
+                "![predicted against measured speedup](validation.png)", ""]
     return "\n".join(out)
 
 
@@ -257,7 +258,7 @@ def html_page(rows: list[LeaderboardRow], page: Page) -> str:
         out += [f'<section class="hw" data-hw="{html.escape(sweep.hardware)}"><h2>Latency by depth and width on '
                 f'{html.escape(sweep.hardware)}</h2><p class="note">{html.escape(SWEEP_NOTE)} The latency model\'s '
                 f'{html.escape(str(sweep))}.</p>', _html_table(SWEEP_HEADERS, _sweep_table(sweep)), "</section>"]
-    figures = page.figures + ([("validation.png", "predicted against measured tokens/s (zoo validate)")]
+    figures = page.figures + ([("validation.png", "predicted against measured speedup (zoo validate)")]
                               if page.validation else [])
     out += ["<h2>Figures</h2>"] + [f'<p>{html.escape(title)} (click for full size)</p><a href="{name}">'
                                    f'<img src="{name}" alt="{html.escape(title)}"></a>' for name, title in figures]

@@ -1,0 +1,181 @@
+"""``medusa:DIR``: Medusa heads (FasterDecoding/Medusa), drafting a static token tree from the target's own last
+hidden state.
+
+Layout read (``medusa/model/medusa_model.py``): ``config.json`` with ``medusa_num_heads`` K and
+``medusa_num_layers`` L, and ``medusa_lm_head.pt`` (or ``.safetensors``) holding, per head i, ``i.j.linear.{weight,
+bias}`` for its ResBlocks (x + SiLU(W·x + b), H -> H; upstream builds them as one block repeated L times, so one set
+of weights serves every j: the last one loaded, as ``load_state_dict`` leaves it) and ``i.L.weight`` its output layer
+(H -> vocabulary, no bias). Head i reads the target's last hidden state (after the final norm) at position t and
+predicts the token at t + 2 + i (the target's own head predicts t + 1).
+
+The tree: path (r_0, ..., r_d) is the r_d-th likeliest token of head d below the path (r_0, ..., r_{d-1}) (heads do
+not read the drafted tokens). Its paths: the config's ``medusa_choices`` (Medusa's format) where it has them, else
+:func:`~specdraft_eval.engine.drafter.static_tree` at top-4 as deep as the heads; ``medusa:DIR@K``: the static tree
+at top-K (``@1``: a chain). γ is the node budget: the first γ paths, parents before children. Deterministic, so it is
+lossless under sampling too (residual rule).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from specdraft_eval.drafts.spec import split_shape
+from specdraft_eval.engine.drafter import FINAL, DrafterBase, Proposal, static_tree, tree_parents
+from specdraft_eval.engine.sampling import Sampler
+from specdraft_eval.errors import SpecdecError
+from specdraft_eval.models.targets import Target
+
+HEAD_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt", "model.safetensors")
+DEFAULT_TOPK = 4
+
+
+class MedusaHeads(nn.Module):
+    """K heads, each a ResBlock (applied L times, one set of weights) and an output layer: [H] -> [K, vocab]."""
+
+    def __init__(self, heads: int, layers: int, hidden: int, vocab: int) -> None:
+        super().__init__()
+        self.layers = layers
+        self.blocks = nn.ModuleList([nn.Linear(hidden, hidden) for _ in range(heads)])
+        self.out = nn.ModuleList([nn.Linear(hidden, vocab, bias=False) for _ in range(heads)])
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        rows = []
+        for block, out in zip(self.blocks, self.out):
+            x = hidden
+            for _ in range(self.layers):
+                x = x + nn.functional.silu(block(x))
+            rows.append(out(x))
+        return torch.stack(rows)  # [K, vocab]
+
+
+class MedusaDrafter(DrafterBase):
+    """Drafts Medusa's tree (or chain) from the target's last hidden state of the newest kept position: the first γ
+    of ``choices`` (best first, Medusa's format), or with none the best-first top-``topk`` static tree of γ nodes."""
+
+    taps = (FINAL,)
+
+    def __init__(self, heads: MedusaHeads, name: str, choices: list[tuple[int, ...]] | None, topk: int) -> None:
+        self.model, self.name, self.choices, self.topk = heads, name, choices, topk
+        self.drafts_trees = any(rank for path in choices for rank in path) if choices else topk > 1
+        self._trees: dict[int, list[tuple[int, ...]]] = {}
+        self.reset()
+
+    def reset(self, capacity: int | None = None) -> None:
+        self._last: torch.Tensor | None = None  # [H]: the target's final hidden state at the newest kept position
+
+    def fork(self) -> MedusaDrafter:
+        return MedusaDrafter(self.model, self.name, self.choices, self.topk)
+
+    def observe(self, features: torch.Tensor) -> None:
+        if len(features):
+            self._last = features[-1]
+
+    def paths(self, budget: int) -> list[tuple[int, ...]]:
+        """The tree of ``budget`` nodes, parents before children."""
+        if budget not in self._trees:
+            depth = len(self.model.out)
+            self._trees[budget] = (closed(self.choices[:budget]) if self.choices
+                                   else static_tree(self.topk, depth, budget))
+        return self._trees[budget]
+
+    def propose(self, tokens: list[int], num_tokens: int, sampler: Sampler) -> Proposal:
+        if self._last is None or num_tokens < 1:
+            return Proposal([])
+        paths = self.paths(num_tokens)
+        with torch.no_grad():
+            logits = self.model(self._last.to(self.model.out[0].weight.dtype))  # [K, vocab]
+        ranks = [1 + max(p[-1] for p in paths if len(p) == depth) for depth in range(1, 1 + max(map(len, paths)))]
+        top = [logits[d].topk(k).indices.tolist() for d, k in enumerate(ranks)]
+        drafted = [top[len(path) - 1][path[-1]] for path in paths]
+        if all(rank == 0 for path in paths for rank in path):
+            return Proposal(drafted)  # a chain
+        return Proposal(drafted, parents=tree_parents(paths))
+
+
+def closed(paths: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """``paths`` (best first) without those missing a prefix among them, sorted parents first."""
+    chosen = set(paths)
+    kept = [p for p in paths if all(p[:i] in chosen for i in range(1, len(p)))]
+    return sorted(kept, key=lambda p: (len(p), p))
+
+
+def _read(directory: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    config_path = directory / "config.json"
+    if not config_path.is_file():
+        raise SpecdecError(f"Medusa heads {directory} have no config.json: point at a Medusa head directory")
+    try:
+        config = json.loads(config_path.read_text())
+    except ValueError as exc:
+        raise SpecdecError(f"cannot read {config_path} ({exc}): point at a Medusa head directory") from None
+    for name in HEAD_FILES:
+        path = directory / name
+        if path.is_file():
+            try:
+                if name.endswith(".safetensors"):
+                    from safetensors.torch import load_file
+
+                    return config, load_file(str(path))
+                return config, torch.load(path, map_location="cpu", weights_only=True)
+            except Exception as exc:  # noqa: BLE001 - any unreadable file is the same user error
+                raise SpecdecError(f"Medusa heads {directory}: cannot read {name} ({exc}); download them again") from None
+    raise SpecdecError(f"Medusa heads {directory} have no weights ({' or '.join(HEAD_FILES[:2])}): point at a Medusa "
+                       "head directory")
+
+
+def load_heads(directory: Path, target) -> tuple[MedusaHeads, dict]:
+    """Read Medusa heads strictly (every key read or the heads refused in one line) for ``target``."""
+    config, state = _read(directory)
+    try:
+        heads, layers = int(config["medusa_num_heads"]), int(config.get("medusa_num_layers", 1))
+    except (KeyError, TypeError, ValueError):
+        raise SpecdecError(f"Medusa heads {directory}: config.json lacks medusa_num_heads: not a Medusa head "
+                           "directory") from None
+    hidden, vocab = target.config.hidden_size, target.config.vocab_size
+    expected = {f"{i}.{j}.linear.{p}" for i in range(heads) for j in range(layers) for p in ("weight", "bias")}
+    expected |= {f"{i}.{layers}.weight" for i in range(heads)}
+    unknown, missing = sorted(set(state) - expected), sorted(expected - set(state))
+    if unknown or missing:
+        what = f"has weights Medusa's layout does not name: {', '.join(unknown[:3])}" if unknown else \
+            f"lacks {', '.join(missing[:3])}"
+        raise SpecdecError(f"Medusa heads {directory} {what} (config: {heads} heads, {layers} layers): use heads "
+                           "saved by FasterDecoding/Medusa")
+    module = MedusaHeads(heads, layers, hidden, vocab)
+    weights = {}
+    for i in range(heads):
+        last = f"{i}.{layers - 1}.linear." if layers else None  # upstream's shared block: the last key loaded wins
+        if last:
+            weights[f"blocks.{i}.weight"], weights[f"blocks.{i}.bias"] = state[last + "weight"], state[last + "bias"]
+        else:
+            weights[f"blocks.{i}.weight"], weights[f"blocks.{i}.bias"] = torch.zeros(hidden, hidden), torch.zeros(hidden)
+        weights[f"out.{i}.weight"] = state[f"{i}.{layers}.weight"]
+    try:
+        module.load_state_dict(weights)
+    except RuntimeError as exc:
+        line = next((ln.strip() for ln in str(exc).splitlines() if "size mismatch" in ln), str(exc).splitlines()[0])
+        raise SpecdecError(f"Medusa heads {directory} do not fit this target ({line}): use heads trained for it") from None
+    param = next(target.parameters())
+    return module.to(param.device, param.dtype).eval().requires_grad_(False), config
+
+
+def build(arg: str | None, target: Target) -> MedusaDrafter:
+    """Entry point for ``medusa:DIR`` (the checkpoint's ``medusa_choices``, else a top-4 static tree) and
+    ``medusa:DIR@K`` (a top-K static tree; ``@1``: a chain)."""
+    if not arg:
+        raise SpecdecError("medusa needs heads: e.g. draft=medusa:DIR (a FasterDecoding/Medusa head directory)")
+    where, shape = split_shape(arg)
+    if shape is not None and (not shape.isdigit() or int(shape) < 1):
+        raise SpecdecError(f"bad Medusa tree in {arg!r}: use medusa:DIR@K (top-K per head, K >= 1), e.g. medusa:DIR@4")
+    directory = Path(where).expanduser()
+    if not directory.is_dir():
+        raise SpecdecError(f"Medusa heads {where!r} not found: give a Medusa head directory")
+    heads, config = load_heads(directory, target.model)
+    depth = len(heads.out)
+    choices = [tuple(p) for p in config.get("medusa_choices") or [] if 0 < len(p) <= depth] if shape is None else []
+    return MedusaDrafter(heads, f"medusa:{arg}", choices or None, int(shape) if shape else DEFAULT_TOPK)
+
+
+build.path_marker = "medusa_lm_head.pt"

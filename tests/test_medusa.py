@@ -1,0 +1,154 @@
+"""``medusa:DIR``: heads written here from FasterDecoding/Medusa's key names (``medusa_model.py``: per head i,
+``i.j.linear`` ResBlocks and ``i.L`` the output layer, saved as ``medusa_lm_head.pt``), never from our module; the
+drafted tree compared with an independent re-implementation of Medusa's heads and candidate tree, with a negative
+control (head d drafting depth d + 1, one off); lossless end to end, chains and trees, growing and static caches."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tiny_llama
+
+from specdraft_eval.drafts import load_draft
+from specdraft_eval.engine.drafter import static_tree
+from specdraft_eval.engine.loop import autoregressive_generate, speculative_generate
+from specdraft_eval.engine.sampling import Sampler
+from specdraft_eval.errors import SpecdecError
+from specdraft_eval.models.targets import Target
+
+HIDDEN, VOCAB = 32, 64
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(seed=0, layers=4)
+
+
+def write_medusa(path: Path, target, heads: int = 3, layers: int = 1, choices: list | None = None,
+                 extra: dict | None = None, seed: int = 3) -> Path:
+    """Medusa's layout: config.json (medusa_num_heads, medusa_num_layers, base model) and medusa_lm_head.pt; each
+    head's ResBlock is one module repeated ``layers`` times upstream, so its keys repeat one tensor; the output
+    layers start as the target's head plus noise (Medusa initialises them from it)."""
+    draw = torch.Generator().manual_seed(seed)
+    state = {}
+    for i in range(heads):
+        weight, bias = torch.randn(HIDDEN, HIDDEN, generator=draw) / HIDDEN ** 0.5, 0.1 * torch.randn(HIDDEN, generator=draw)
+        for j in range(layers):
+            state[f"{i}.{j}.linear.weight"], state[f"{i}.{j}.linear.bias"] = weight, bias
+        state[f"{i}.{layers}.weight"] = (target.get_output_embeddings().weight.detach()
+                                         + 0.5 * torch.randn(VOCAB, HIDDEN, generator=draw))
+    state |= extra or {}
+    path.mkdir(parents=True)
+    torch.save(state, path / "medusa_lm_head.pt")
+    config = {"medusa_num_heads": heads, "medusa_num_layers": layers, "base_model_name_or_path": "tiny"}
+    if choices is not None:
+        config["medusa_choices"] = choices
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+def reference_tree(path: Path, target, tokens: list[int], paths: list[tuple[int, ...]], offset: int = 0) -> list[int]:
+    """Medusa's candidates (``generate_candidates``): head i's logits from the base model's last hidden state,
+    x + SiLU(W x + b) L times then the output layer; node (r_0..r_d) is head d's r_d-th best token."""
+    state = torch.load(path / "medusa_lm_head.pt", weights_only=True)
+    config = json.loads((path / "config.json").read_text())
+    layers = config["medusa_num_layers"]
+    with torch.no_grad():
+        hidden = target(torch.tensor([tokens[:-1]]), output_hidden_states=True).hidden_states[-1][0, -1]
+        tops = []
+        for i in range(config["medusa_num_heads"]):
+            x = hidden
+            for j in range(layers):
+                x = x + torch.nn.functional.silu(x @ state[f"{i}.{j}.linear.weight"].T + state[f"{i}.{j}.linear.bias"])
+            tops.append((x @ state[f"{i}.{layers}.weight"].T).argsort(descending=True).tolist())
+    return [tops[min(len(p) - 1 + offset, len(tops) - 1)][p[-1]] for p in paths]
+
+
+def drafted(path: Path, target, tokens: list[int], budget: int, shape: str = "") -> tuple[list[int], list | None]:
+    drafter = load_draft(f"medusa:{path}{shape}", Target(target, None))
+    with torch.no_grad():
+        drafter.observe(target(torch.tensor([tokens[:-1]]), output_hidden_states=True).hidden_states[-1][0])
+    proposal = drafter.propose(tokens, budget, Sampler())
+    return proposal.tokens, proposal.parents
+
+
+SEQUENCES = [[5, 9, 2, 7, 7, 3, 11, 4], list(range(10, 40, 3)), [1, 2]]
+
+
+@pytest.mark.parametrize("layers", [0, 1, 2])
+def test_medusa_drafts_the_tree_medusas_heads_give(tmp_path, target, layers):
+    path = write_medusa(tmp_path / "heads", target, layers=layers)
+    paths = static_tree(3, 3, 8)
+    for tokens in SEQUENCES:
+        mine, parents = drafted(path, target, tokens, 8, "@3")
+        assert mine == reference_tree(path, target, tokens, paths), tokens
+        assert parents == [-1 if len(p) == 1 else paths.index(p[:-1]) for p in paths]
+        assert mine != reference_tree(path, target, tokens, paths, offset=1)  # negative control: heads one off
+
+
+def test_medusa_choices_from_the_checkpoint_and_chains(tmp_path, target):
+    """A checkpoint's medusa_choices (best first, Medusa's format) give the tree, its first γ paths; @1 a chain."""
+    choices = [[0], [0, 0], [1], [0, 1], [2], [0, 0, 0], [1, 0]]
+    path = write_medusa(tmp_path / "heads", target, choices=choices)
+    tokens = SEQUENCES[0]
+    first5 = sorted([tuple(c) for c in choices[:5]], key=lambda p: (len(p), p))
+    assert drafted(path, target, tokens, 5)[0] == reference_tree(path, target, tokens, first5)
+    chain, parents = drafted(path, target, tokens, 3, "@1")
+    assert parents is None and chain == reference_tree(path, target, tokens, [(0,), (0, 0), (0, 0, 0)])
+
+
+@pytest.mark.parametrize("shape,gamma", [("@1", 3), ("@2", 6), ("", 10)])
+def test_medusa_is_lossless(tmp_path, target, shape, gamma):
+    draft = load_draft(f"medusa:{write_medusa(tmp_path / 'heads', target)}{shape}", Target(target, None))
+    for prompt in SEQUENCES:
+        expected = autoregressive_generate(target, prompt, 30)[0]
+        for static in (False, True):
+            out, stats = speculative_generate(target, draft, prompt, 30, num_draft_tokens=gamma, static_cache=static)
+            assert out == expected, (shape, prompt, static)
+        assert stats.draft_tokens > 0 or len(prompt) < 3
+
+
+@pytest.mark.parametrize("change,message", [
+    (dict(extra={"0.1.weight2": torch.ones(1)}), "does not name: 0.1.weight2"),
+    (dict(heads=2, extra={"2.1.weight": torch.ones(VOCAB, HIDDEN)}), "does not name: 2.1.weight"),
+])
+def test_bad_medusa_heads_are_refused_in_one_line(tmp_path, target, change, message):
+    path = write_medusa(tmp_path / "heads", target, **change)
+    with pytest.raises(SpecdecError, match=message):
+        load_draft(f"medusa:{path}", Target(target, None))
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "medusa_num_heads"}))
+    with pytest.raises(SpecdecError, match="lacks medusa_num_heads"):
+        load_draft(f"medusa:{path}", Target(target, None))
+    with pytest.raises(SpecdecError, match="bad Medusa tree"):
+        load_draft(f"medusa:{path}@x", Target(target, None))
+
+
+def test_train_head_kind_medusa_learns_and_its_heads_load_and_stay_lossless(tmp_path):
+    """`zoo train-head --kind medusa`: trained heads agree with the target's next-next tokens well above untrained
+    (identity ResBlocks, the target's head: they predict t+1, not t+2+i); written in Medusa's layout, they load under
+    the strict loader and draft losslessly."""
+    from conftest import save_tiny
+    from test_eagle import SMALL, _prompts
+
+    from specdraft_eval.models.targets import LoadSettings
+    from zoo.train_head import HeadTraining, train_head
+
+    tiny = save_tiny(tmp_path / "tiny", layers=4)
+    settings = HeadTraining(str(_prompts(tmp_path)), steps=250, kind="medusa", medusa_heads=2, **SMALL)
+    result = train_head(str(tiny), tmp_path / "heads", settings)
+    untrained = train_head(str(tiny), tmp_path / "untrained", HeadTraining(
+        str(_prompts(tmp_path)), steps=1, kind="medusa", medusa_heads=2, **{**SMALL, "lr": 0.0}))
+    trained, baseline = result["top1_agreement_by_head"], untrained["top1_agreement_by_head"]
+    assert result["draft"] == f"medusa:{tmp_path / 'heads'}" and len(trained) == 2
+    assert trained[0] > baseline[0] + 0.1, (trained, baseline)
+    config = json.loads((tmp_path / "heads" / "config.json").read_text())
+    assert (config["medusa_num_heads"], config["medusa_num_layers"]) == (2, 1)
+    loaded = LoadSettings().load(str(tiny))
+    draft = load_draft(result["draft"], loaded)
+    for prompt in SEQUENCES:
+        assert speculative_generate(loaded.model, draft, prompt, 30, num_draft_tokens=4)[0] == \
+            autoregressive_generate(loaded.model, prompt, 30)[0]
