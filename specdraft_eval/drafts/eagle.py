@@ -19,7 +19,6 @@ pass is needed. Layouts read (all ``config.json`` + ``model.safetensors`` or ``p
 from __future__ import annotations
 
 import copy
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +35,7 @@ from transformers.models.llama.modeling_llama import (
     LlamaRotaryEmbedding,
 )
 
+from specdraft_eval.drafts.checkpoint import read_json, read_weights
 from specdraft_eval.drafts.model import choose
 from specdraft_eval.drafts.spec import split_shape
 from specdraft_eval.engine import kv_cache
@@ -50,6 +50,7 @@ HEAD_FILE = "eagle.json"
 """Beside the weights of a head ``zoo train-head`` built: its format, target, taps and reduced vocabulary."""
 HEAD_FORMAT = "specdraft-eagle/1"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+WHAT = "EAGLE head"
 
 
 @dataclass
@@ -369,32 +370,6 @@ def _directory(arg: str) -> Path:
         raise SpecdecError(f"cannot download EAGLE head {arg}: {str(exc).splitlines()[0]}; check the id") from None
 
 
-def _weights(directory: Path) -> dict[str, torch.Tensor]:
-    for name in WEIGHT_FILES:
-        path = directory / name
-        if path.is_file():
-            try:
-                if name.endswith(".safetensors"):
-                    from safetensors.torch import load_file
-
-                    return load_file(str(path))
-                return torch.load(path, map_location="cpu", weights_only=True)
-            except Exception as exc:  # noqa: BLE001 - any unreadable file is the same user error
-                raise SpecdecError(f"EAGLE head {directory}: cannot read {name} ({exc}); download it again") from None
-    raise SpecdecError(f"EAGLE head {directory} has no weights ({' or '.join(WEIGHT_FILES)}): point at a head "
-                       "directory")
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise SpecdecError(f"cannot read {path} ({exc}): point at an EAGLE head directory") from None
-    if not isinstance(data, dict):
-        raise SpecdecError(f"{path} is not a JSON object: point at an EAGLE head directory")
-    return data
-
-
 def variant_of(config: dict, keys=()) -> str:
     """:data:`EAGLE3` for a speculators eagle3 config or the EAGLE repository's EAGLE-3 (a draft vocabulary, or
     ``midlayer`` keys), else :data:`EAGLE`; other speculators types are errors."""
@@ -417,11 +392,11 @@ def describe(arg: str) -> tuple[str, int | None]:
     """The head ``eagle:ARG``'s variant (vLLM's ``method``: ``eagle`` or ``eagle3``) and output vocabulary size
     (None: the target's), from its config files alone."""
     directory = _directory(split(arg)[0])
-    config = _read_json(directory / "config.json")
+    config = read_json(directory / "config.json", WHAT)
     variant = variant_of(config)
     if variant == EAGLE3:
         return variant, config.get("draft_vocab_size")
-    meta = _read_json(directory / HEAD_FILE) if (directory / HEAD_FILE).is_file() else {}
+    meta = read_json(directory / HEAD_FILE, WHAT) if (directory / HEAD_FILE).is_file() else {}
     return variant, len(meta["token_ids"]) if meta.get("token_ids") else None
 
 
@@ -444,15 +419,12 @@ def vllm_differences(arg: str) -> str | None:
     return "; ".join(found) or None
 
 
-def read_layout(directory: Path, weights: dict[str, torch.Tensor], target) -> HeadLayout:
-    """The head's layout from its config and its (renamed, :func:`_rename`) weights' key names: the variant, taps
+def read_layout(directory: Path, config: dict, weights: dict[str, torch.Tensor], meta: dict, target) -> HeadLayout:
+    """The head's layout from its config, its (renamed, :func:`_rename`) weights' key names and our ``eagle.json``
+    (``meta``): the variant, taps
     (under the config's ``eagle_aux_hidden_state_layer_ids``, its layer config's or ``eagle_config``'s; ascending,
     as the target produces them), layers, norms, vocabulary and embedding. Missing fields take vLLM's defaults
     (a speculators config without ``norm_before_residual``: True; the EAGLE repository's EAGLE-3: False)."""
-    config_path = directory / "config.json"
-    if not config_path.is_file():
-        raise SpecdecError(f"EAGLE head {directory} has no config.json: point at a head directory")
-    config = _read_json(config_path)
     depth = target.config.num_hidden_layers
     try:
         variant = variant_of(config, weights)
@@ -487,7 +459,6 @@ def read_layout(directory: Path, weights: dict[str, torch.Tensor], target) -> He
         return HeadLayout(EAGLE3, taps, _llama_config(layer_config, layers), token_ids,
                           bool(config.get("norm_before_residual", speculators)),
                           norm_before_fc=bool(config.get("norm_before_fc", False)), own_embedding=own_embedding)
-    meta = _read_json(directory / HEAD_FILE) if (directory / HEAD_FILE).is_file() else {}
     if meta and meta.get("format") != HEAD_FORMAT:
         raise SpecdecError(f"{directory / HEAD_FILE} has format {meta.get('format')!r}, not {HEAD_FORMAT}: "
                            "rebuild the head with zoo train-head")
@@ -557,8 +528,8 @@ def read_checkpoint(directory: Path) -> tuple[dict, dict[str, torch.Tensor], dic
     """A head directory's config, its weights under our key names and our ``eagle.json`` (empty where absent)."""
     if not (directory / "config.json").is_file():
         raise SpecdecError(f"EAGLE head {directory} has no config.json: point at a head directory")
-    meta = _read_json(directory / HEAD_FILE) if (directory / HEAD_FILE).is_file() else {}
-    return _read_json(directory / "config.json"), _rename(_weights(directory)), meta
+    meta = read_json(directory / HEAD_FILE, WHAT) if (directory / HEAD_FILE).is_file() else {}
+    return read_json(directory / "config.json", WHAT), _rename(read_weights(directory, WEIGHT_FILES, WHAT)), meta
 
 
 def load_head(directory: Path, target, tokenizer=None) -> tuple[EagleHead, HeadLayout]:
@@ -566,8 +537,8 @@ def load_head(directory: Path, target, tokenizer=None) -> tuple[EagleHead, HeadL
     trained with), strictly: every key of the checkpoint is read, or skipped for a reason upstream loaders share
     (:data:`IGNORED`), or the head is refused in one line naming it; missing keys likewise. The embedding is the
     head's own where it has one, as vLLM reads it, else the target's."""
-    state = _rename(_weights(directory))
-    layout = read_layout(directory, state, target)
+    config, state, meta = read_checkpoint(directory)
+    layout = read_layout(directory, config, state, meta, target)
     meta_vocab = layout.meta.get("vocab")
     if meta_vocab:
         from specdraft_eval.drafts.ngram import vocab_fingerprint

@@ -17,12 +17,12 @@ lossless under sampling too (residual rule).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from specdraft_eval.drafts.checkpoint import read_json, read_weights
 from specdraft_eval.drafts.spec import split_shape
 from specdraft_eval.engine.drafter import FINAL, DrafterBase, Proposal, static_tree, tree_parents
 from specdraft_eval.engine.sampling import Sampler
@@ -30,6 +30,7 @@ from specdraft_eval.errors import SpecdecError
 from specdraft_eval.models.targets import Target
 
 HEAD_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt", "model.safetensors")
+WHAT = "Medusa head"
 DEFAULT_TOPK = 4
 
 
@@ -103,32 +104,11 @@ def closed(paths: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
     return sorted(kept, key=lambda p: (len(p), p))
 
 
-def _read(directory: Path) -> tuple[dict, dict[str, torch.Tensor]]:
-    config_path = directory / "config.json"
-    if not config_path.is_file():
-        raise SpecdecError(f"Medusa heads {directory} have no config.json: point at a Medusa head directory")
-    try:
-        config = json.loads(config_path.read_text())
-    except ValueError as exc:
-        raise SpecdecError(f"cannot read {config_path} ({exc}): point at a Medusa head directory") from None
-    for name in HEAD_FILES:
-        path = directory / name
-        if path.is_file():
-            try:
-                if name.endswith(".safetensors"):
-                    from safetensors.torch import load_file
-
-                    return config, load_file(str(path))
-                return config, torch.load(path, map_location="cpu", weights_only=True)
-            except Exception as exc:  # noqa: BLE001 - any unreadable file is the same user error
-                raise SpecdecError(f"Medusa heads {directory}: cannot read {name} ({exc}); download them again") from None
-    raise SpecdecError(f"Medusa heads {directory} have no weights ({' or '.join(HEAD_FILES[:2])}): point at a Medusa "
-                       "head directory")
-
-
 def load_heads(directory: Path, target) -> tuple[MedusaHeads, dict]:
     """Read Medusa heads strictly (every key read or the heads refused in one line) for ``target``."""
-    config, state = _read(directory)
+    if not (directory / "config.json").is_file():
+        raise SpecdecError(f"Medusa heads {directory} have no config.json: point at a Medusa head directory")
+    config, state = read_json(directory / "config.json", WHAT), read_weights(directory, HEAD_FILES, WHAT)
     try:
         heads, layers = int(config["medusa_num_heads"]), int(config.get("medusa_num_layers", 1))
     except (KeyError, TypeError, ValueError):

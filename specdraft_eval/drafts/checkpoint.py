@@ -1,0 +1,38 @@
+"""A draft's checkpoint directory as heads ship (EAGLE, Medusa): its JSON files and its weights (safetensors or a
+torch pickle, loaded without code), each unreadable file one line naming it and the fix."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from specdraft_eval.errors import SpecdecError
+
+
+def read_json(path: Path, what: str) -> dict:
+    """A JSON object from ``path`` of a ``what`` directory (e.g. "EAGLE head")."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise SpecdecError(f"cannot read {path} ({exc}): point at a {what} directory") from None
+    if not isinstance(data, dict):
+        raise SpecdecError(f"{path} is not a JSON object: point at a {what} directory")
+    return data
+
+
+def read_weights(directory: Path, names: tuple[str, ...], what: str) -> dict[str, torch.Tensor]:
+    """The first of ``names`` found in ``directory``, read (``.safetensors`` or ``weights_only`` torch)."""
+    for name in names:
+        path = directory / name
+        if path.is_file():
+            try:
+                if name.endswith(".safetensors"):
+                    from safetensors.torch import load_file
+
+                    return load_file(str(path))
+                return torch.load(path, map_location="cpu", weights_only=True)
+            except Exception as exc:  # noqa: BLE001 - any unreadable file is the same user error
+                raise SpecdecError(f"{what} {directory}: cannot read {name} ({exc}); download it again") from None
+    raise SpecdecError(f"{what} {directory} has no weights ({' or '.join(names)}): point at a {what} directory")
