@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from specdraft_eval.drafts.eagle import EAGLE3, read_checkpoint, variant_of
+from specdraft_eval.drafts.eagle import EAGLE3, eagle3_taps, norm_before_residual, read_checkpoint, variant_of
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.files import atomic_output
 
@@ -74,9 +74,7 @@ def export_head(head: Path, to: str, out: Path) -> Export:
     if variant == EAGLE3:
         layer = dict(config.get("transformer_layer_config") or {k: v for k, v in config.items()
                                                                 if k not in ("draft_vocab_size",)})
-        speculators = "speculators_model_type" in config
-        taps = (config.get("eagle_aux_hidden_state_layer_ids") or layer.get("eagle_aux_hidden_state_layer_ids")
-                or (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids"))
+        speculators, taps = "speculators_model_type" in config, eagle3_taps(config)
         speculators_config = dict(config.get("speculators_config") or {"algorithm": EAGLE3})
         methods = speculators_config.get("proposal_methods") or [{"proposal_type": "greedy"}]
         methods[0] = {"speculative_tokens": SPECULATIVE_TOKENS, **methods[0]}
@@ -84,10 +82,10 @@ def export_head(head: Path, to: str, out: Path) -> Export:
                    "speculators_model_type": EAGLE3, "architectures": ["Eagle3Speculator"],
                    "transformer_layer_config": layer, "draft_vocab_size": int(len(state["d2t"])) if "d2t" in state
                    else config.get("draft_vocab_size"),
-                   "norm_before_residual": bool(config.get("norm_before_residual", speculators)),
+                   "norm_before_residual": norm_before_residual(config),
                    "speculators_config": {**speculators_config, "proposal_methods": methods}}
         if taps:
-            written["eagle_aux_hidden_state_layer_ids"] = sorted(taps)
+            written["eagle_aux_hidden_state_layer_ids"] = taps
         speculative_tokens = methods[0]["speculative_tokens"]
     else:
         state = _fold_fc_bias({k: v for k, v in state.items()

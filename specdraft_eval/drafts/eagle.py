@@ -447,23 +447,35 @@ def read_layout(directory: Path, config: dict, weights: dict[str, torch.Tensor],
         raise SpecdecError(f"EAGLE head {directory} is {hidden} wide, the target {target.config.hidden_size}, and it "
                            "has no embed_tokens of its own: use a head trained for this target")
     if variant == EAGLE3:
-        listed = (config.get("eagle_aux_hidden_state_layer_ids") or layer_config.get("eagle_aux_hidden_state_layer_ids")
-                  or (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids"))
-        taps = tuple(sorted(listed)) if listed else (2, depth // 2, depth - 3)
+        listed = eagle3_taps(config)
+        taps = tuple(listed) if listed else (2, depth // 2, depth - 3)
         if any(not 0 <= t < depth for t in taps):
             raise SpecdecError(f"EAGLE head {directory} reads layers {list(taps)}, but the target has {depth} layers: "
                                "use a head trained for this target")
         d2t = weights.get("d2t")
         token_ids = (torch.arange(len(d2t)) + d2t).tolist() if d2t is not None else None
-        speculators = "speculators_model_type" in config
-        return HeadLayout(EAGLE3, taps, _llama_config(layer_config, layers), token_ids,
-                          bool(config.get("norm_before_residual", speculators)),
+        return HeadLayout(EAGLE3, taps, _llama_config(layer_config, layers), token_ids, norm_before_residual(config),
                           norm_before_fc=bool(config.get("norm_before_fc", False)), own_embedding=own_embedding)
     if meta and meta.get("format") != HEAD_FORMAT:
         raise SpecdecError(f"{directory / HEAD_FILE} has format {meta.get('format')!r}, not {HEAD_FORMAT}: "
                            "rebuild the head with zoo train-head")
     return HeadLayout(EAGLE, (FINAL,), _llama_config(config, layers), meta.get("token_ids"), meta=meta,
                       own_embedding=own_embedding)
+
+
+def eagle3_taps(config: dict) -> list[int] | None:
+    """The target layers an EAGLE-3 config names (under the config, its ``transformer_layer_config`` or its
+    ``eagle_config``, as vLLM reads them), ascending as the target produces them; None where it names none."""
+    layer_config = config.get("transformer_layer_config") or {}
+    listed = (config.get("eagle_aux_hidden_state_layer_ids") or layer_config.get("eagle_aux_hidden_state_layer_ids")
+              or (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids"))
+    return sorted(listed) if listed else None
+
+
+def norm_before_residual(config: dict) -> bool:
+    """EAGLE-3's first layer takes its residual after ``hidden_norm``: the config's say, else vLLM's defaults (true
+    for a speculators config, false for the EAGLE repository's)."""
+    return bool(config.get("norm_before_residual", "speculators_model_type" in config))
 
 
 def _layer_count(directory: Path, config: dict, weights: dict[str, torch.Tensor]) -> int:
