@@ -106,13 +106,14 @@ def train_head(
     vocab_top: Annotated[int, typer.Option(help="Output vocabulary: the target's commonest tokens (0: all).")] = 8192,
     new_tokens: NewTokensOpt = 160,
     max_prompts: Annotated[Optional[int], typer.Option(help="Continue at most this many prompts.")] = None,
-    kind: Annotated[str, typer.Option(help="eagle (one layer over the last hidden state) or medusa (heads "
+    kind: Annotated[str, typer.Option(help="eagle (one layer over the last hidden state), eagle3 (over three "
+                                           "layers' states, 3 unrolled steps, speculators' layout) or medusa (heads "
                                            "predicting t+2.., FasterDecoding/Medusa's layout).")] = "eagle",
     medusa_heads: Annotated[int, typer.Option(help="--kind medusa: how many heads (draft depth).")] = 4,
     device: DeviceOpt = None, dtype: DtypeOpt = "auto", as_json: JsonOpt = False,
 ) -> None:
-    """Train an EAGLE-style head (`draft=eagle:DIR`) or Medusa heads (`draft=medusa:DIR`) on the target's own text
-    and hidden states; rerun to resume."""
+    """Train an EAGLE-style head (`draft=eagle:DIR`: EAGLE-1 or EAGLE-3) or Medusa heads (`draft=medusa:DIR`) on the
+    target's own text and hidden states; rerun to resume."""
     from zoo.train_head import HeadTraining
     from zoo.train_head import train_head as run
 

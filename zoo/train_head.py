@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specdraft_eval.drafts.eagle import HEAD_FILE, HEAD_FORMAT, EagleHead, new_head
+from specdraft_eval.drafts.eagle import HEAD_FILE, HEAD_FORMAT, EagleHead, default_taps, new_eagle3_head, new_head
 from specdraft_eval.drafts.medusa import MedusaHeads
 from specdraft_eval.drafts.ngram import vocab_fingerprint
 from specdraft_eval.engine.drafter import FINAL
@@ -47,7 +47,9 @@ from specdraft_eval.models.targets import LoadSettings
 from zoo.held_in import check_out, generate_batches, ngram_prompts
 from zoo.progress import Tick, no_progress
 
-KINDS = ("eagle", "medusa")
+KINDS = ("eagle", "eagle3", "medusa")
+EAGLE3_UNROLL = 3
+"""EAGLE-3 trains at least this many unrolled steps on its own features (its training-time test)."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,15 @@ class HeadTraining:
     @property
     def medusa(self) -> bool:
         return self.kind == "medusa"
+
+    def taps(self, depth: int) -> tuple[int, ...]:
+        """The target's hidden states the data records: EAGLE-3's three layer inputs (upstream's default layers) and
+        the final one (its distribution, the loss's target); else the final one."""
+        return (*default_taps(depth), FINAL) if self.kind == "eagle3" else (FINAL,)
+
+    @property
+    def unrolled(self) -> int:
+        return max(self.unroll, EAGLE3_UNROLL) if self.kind == "eagle3" else self.unroll
 
     def check(self) -> None:
         for name in ("new_tokens", "context", "steps", "batch_size", "window", "unroll"):
@@ -107,13 +118,14 @@ def save_head(directory: Path, head: EagleHead, meta: dict) -> None:
     write_json(directory / HEAD_FILE, {"format": HEAD_FORMAT, **meta})
 
 
-def generations(target, tokenizer, texts: list[str], settings: HeadTraining,
-                tick: Tick) -> tuple[list[list[int]], list[torch.Tensor], int]:
-    """Each prompt's tail and the target's greedy continuation as one sequence, with the target's final hidden state
-    at each of its positions, recorded while generating (the prefill's and each decoding step's: no second pass).
-    Returns the sequences, their features ([length, hidden] float16 on the CPU) and the tokens generated."""
+def generations(target, tokenizer, texts: list[str], settings: HeadTraining, tick: Tick,
+                taps: tuple[int, ...] = (FINAL,)) -> tuple[list[list[int]], list[torch.Tensor], int]:
+    """Each prompt's tail and the target's greedy continuation as one sequence, with the target's hidden states at
+    ``taps`` (default: the final one) at each of its positions, recorded while generating (the prefill's and each
+    decoding step's: no second pass). Returns the sequences, their features ([length, len(taps) * hidden] float16 on
+    the CPU) and the tokens generated."""
     sequences, features, generated = [], [], 0
-    tap = FeatureTap(target, (FINAL,), history=True)
+    tap = FeatureTap(target, taps, history=True)
     try:
         for rows, continued in generate_batches(target, tokenizer, texts, settings.new_tokens, context=settings.context):
             prefill, *steps = tap.passes()  # [B, width, H], then [B, 1, H] per decoding step
@@ -173,6 +185,53 @@ def head_losses(head: EagleHead, embed: torch.nn.Module, ids: torch.Tensor, feat
         agreement.append(float((logp.argmax(-1) == target_logp.argmax(-1)).float().mean()))
         inputs = hidden[:, :-1]  # the next step drafts from the head's own features
     return total, agreement
+
+
+def eagle3_losses(head: EagleHead, embed: torch.nn.Module, rows: torch.Tensor, ids: torch.Tensor, feats: torch.Tensor,
+                  settings: HeadTraining, noise: bool = True) -> tuple[torch.Tensor, list[float]]:
+    """EAGLE-3's loss over :attr:`HeadTraining.unrolled` steps: step 1 drafts from ``fc`` over the three tapped layers
+    (``feats[..., :-H]``), each later step from the head's own hidden states (as it drafts after its first token);
+    each step's cross-entropy against the target's distribution at t + step (its final hidden state
+    ``feats[..., -H:]`` through its output ``rows`` over the head's vocabulary), and its top-1 agreement."""
+    tapped = feats.shape[-1] - embed.weight.shape[1]  # the layer inputs, then the final hidden state
+    inputs, final = feats[:, :-1, :tapped], feats[..., tapped:]
+    if noise and settings.noise:
+        inputs = inputs + (torch.rand_like(inputs) * 2 - 1) * settings.noise
+    total, agreement, width = 0.0, [], ids.shape[1]
+    for step in range(1, settings.unrolled + 1):
+        span = width - step
+        positions = torch.arange(span)[None].expand(ids.shape[0], -1)
+        hidden = head(embed(ids[:, step:]), inputs[:, :span], None, positions, own=step > 1)  # [B, span, H]
+        with torch.no_grad():
+            target_logp = F.log_softmax(final[:, step:] @ rows.T, -1)
+        logp = F.log_softmax(head.logits(hidden), -1)
+        total = total - (target_logp.exp() * logp).sum(-1).mean()
+        agreement.append(float((logp.argmax(-1) == target_logp.argmax(-1)).float().mean()))
+        inputs = hidden[:, :-1]
+    return total, agreement
+
+
+def save_eagle3(directory: Path, head: EagleHead, target_name: str, meta: dict) -> None:
+    """speculators' EAGLE-3 layout, as vLLM loads it as it is: ``model.safetensors`` (``fc``, ``layers.0``, ``norm``,
+    ``lm_head`` over the draft vocabulary, ``d2t`` offsets and ``t2d``) and a speculators config (the layer config,
+    the taps, ``norm_before_residual``, a greedy proposal method of the unrolled depth, our training record)."""
+    from safetensors.torch import save_file
+
+    state = {k: v.detach().cpu().contiguous() for k, v in head.state_dict().items() if not k.startswith("rotary_emb.")}
+    token_ids = meta["token_ids"] or list(range(head.lm_head.out_features))
+    state["d2t"] = torch.tensor(token_ids) - torch.arange(len(token_ids))
+    state["t2d"] = torch.isin(torch.arange(head.config.vocab_size), torch.tensor(token_ids))
+    save_file(state, str(directory / "model.safetensors"))
+    layer = {**head.config.to_dict(), "model_type": "llama"}
+    config = {"speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"], "transformer_layer_config": layer,
+              "draft_vocab_size": len(token_ids), "norm_before_residual": head.layers[0].norm_before_residual,
+              "eagle_aux_hidden_state_layer_ids": list(head.taps),
+              "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
+                                     "proposal_methods": [{"proposal_type": "greedy",
+                                                           "speculative_tokens": meta["training"]["unroll"]}],
+                                     "verifier": {"name_or_path": target_name}},
+              "specdraft_eval": meta}
+    (directory / "config.json").write_text(json.dumps(config, indent=1, default=str))
 
 
 def new_medusa(target, settings: HeadTraining) -> MedusaHeads:
@@ -301,7 +360,8 @@ def train_head(model: str, out: Path, settings: HeadTraining = HeadTraining(), l
         texts = ngram_prompts(settings.prompts, settings.max_prompts)
         tick(0, total=len(texts) + settings.steps)  # one bar: prompts continued, then training steps
         log(f"continuing {len(texts)} held-in prompts ({settings.new_tokens} tokens each)")
-        sequences, features, generated = generations(target, tokenizer, texts, settings, tick)
+        sequences, features, generated = generations(target, tokenizer, texts, settings, tick,
+                                                     settings.taps(target.config.num_hidden_layers))
         data = {"sequences": sequences, "features": features, "generated": generated,
                 "seconds": time.perf_counter() - started}
         log(f"{sum(map(len, sequences))} tokens with features, {generated} of them generated")
@@ -309,12 +369,22 @@ def train_head(model: str, out: Path, settings: HeadTraining = HeadTraining(), l
     sequences, features = data["sequences"], data["features"]
     token_ids = None if settings.medusa else top_tokens(sequences, settings.vocab_top)
     torch.manual_seed(settings.seed)
-    head = new_medusa(target, settings) if settings.medusa else new_head(target, token_ids, settings.seed).float()
     embed = target.get_input_embeddings()
+    if settings.medusa:
+        head = new_medusa(target, settings)
+    elif settings.kind == "eagle3":
+        head = new_eagle3_head(target, token_ids, settings.seed).float()
+        rows = kernels.output_weight(target).float()
+        rows = rows[torch.as_tensor(token_ids, device=rows.device)] if token_ids else rows  # [head vocab, H]
+    else:
+        head = new_head(target, token_ids, settings.seed).float()
 
     def losses(ids, feats, noise: bool = True):
-        return medusa_losses(head, ids, feats) if settings.medusa else head_losses(head, embed, ids, feats, settings,
-                                                                                    noise)
+        if settings.medusa:
+            return medusa_losses(head, ids, feats)
+        if settings.kind == "eagle3":
+            return eagle3_losses(head, embed, rows, ids, feats, settings, noise)
+        return head_losses(head, embed, ids, feats, settings, noise)
 
     trainable = [p for p in head.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=settings.lr, weight_decay=0.0)
@@ -336,8 +406,9 @@ def train_head(model: str, out: Path, settings: HeadTraining = HeadTraining(), l
         raise
     head.eval()
     agreement = _agreement(lambda ids, feats: losses(ids, feats, noise=False), sequences[-held:], features[-held:],
-                           settings.medusa_heads + 1 if settings.medusa else settings.unroll + 1, target.device)
-    meta = {"target": model, "vocab": vocab_fingerprint(tokenizer), "taps": [FINAL], "token_ids": token_ids,
+                           settings.medusa_heads + 1 if settings.medusa else settings.unrolled + 1, target.device)
+    taps = [t for t in settings.taps(target.config.num_hidden_layers) if t != FINAL] or [FINAL]  # what the head reads
+    meta = {"target": model, "vocab": vocab_fingerprint(tokenizer), "taps": taps, "token_ids": token_ids,
             "training": {**asdict(settings), "sequences": len(sequences), "tokens": sum(map(len, sequences)),
                          "generated_tokens": data["generated"], "held_out_sequences": held,
                          ("top1_agreement_by_head" if settings.medusa else "top1_agreement_by_step"): agreement,
@@ -345,10 +416,12 @@ def train_head(model: str, out: Path, settings: HeadTraining = HeadTraining(), l
     with atomic_output(out, directory=True) as tmp:
         if settings.medusa:
             save_medusa(tmp, head, model, meta)
+        elif settings.kind == "eagle3":
+            save_eagle3(tmp, head, model, {**meta, "training": {**meta["training"], "unroll": settings.unrolled}})
         else:
             save_head(tmp, head.to(target.dtype), meta)
     shutil.rmtree(work.path, ignore_errors=True)
-    return {"out": str(out), "draft": f"{settings.kind}:{out}", "parameters": sum(p.numel() for p in trainable),
+    return {"out": str(out), "draft": f"{'medusa' if settings.medusa else 'eagle'}:{out}", "parameters": sum(p.numel() for p in trainable),
             **meta["training"]}
 
 

@@ -184,6 +184,22 @@ def new_head(target, token_ids: list[int] | None = None, seed: int = 0) -> Eagle
     return head.to(target.device, target.dtype)
 
 
+def new_eagle3_head(target, token_ids: list[int] | None = None, seed: int = 0) -> EagleHead:
+    """A freshly initialised EAGLE-3 head for ``target``: ``fc`` over the inputs of its layers 2, L/2 and L-3
+    (upstream's default), one decoder layer of its shape (speculators' first layer, ``norm_before_residual``), a
+    final norm and its own output head over ``token_ids`` (default: the target's whole vocabulary), started from
+    the target's rows."""
+    torch.manual_seed(seed)
+    layout = HeadLayout(EAGLE3, default_taps(target.config.num_hidden_layers), head_config(target), token_ids,
+                        norm_before_residual=True)
+    head = EagleHead(layout, target.config.hidden_size, fc_bias=False)
+    weight = kernels.output_weight(target)
+    rows = weight[torch.as_tensor(token_ids, device=weight.device)] if token_ids else weight  # [vocab, H]
+    with torch.no_grad():
+        head.lm_head.weight.copy_(rows)
+    return head.to(target.device, target.dtype)
+
+
 @dataclass(frozen=True)
 class TreeShape:
     """EAGLE-2's dynamic tree: each step expands the ``topk`` best-scoring frontier nodes by their ``topk`` best
@@ -448,7 +464,7 @@ def read_layout(directory: Path, config: dict, weights: dict[str, torch.Tensor],
                            "has no embed_tokens of its own: use a head trained for this target")
     if variant == EAGLE3:
         listed = eagle3_taps(config)
-        taps = tuple(listed) if listed else (2, depth // 2, depth - 3)
+        taps = tuple(listed) if listed else default_taps(depth)
         if any(not 0 <= t < depth for t in taps):
             raise SpecdecError(f"EAGLE head {directory} reads layers {list(taps)}, but the target has {depth} layers: "
                                "use a head trained for this target")
@@ -461,6 +477,12 @@ def read_layout(directory: Path, config: dict, weights: dict[str, torch.Tensor],
                            "rebuild the head with zoo train-head")
     return HeadLayout(EAGLE, (FINAL,), _llama_config(config, layers), meta.get("token_ids"), meta=meta,
                       own_embedding=own_embedding)
+
+
+def default_taps(depth: int) -> tuple[int, ...]:
+    """EAGLE-3's default target layers for a target ``depth`` layers deep: the inputs of layers 2, L/2 and L-3
+    (upstream's), ascending and distinct (a shallow target has fewer)."""
+    return tuple(sorted({min(2, depth - 1), depth // 2, max(depth - 3, 0)}))
 
 
 def eagle3_taps(config: dict) -> list[int] | None:
