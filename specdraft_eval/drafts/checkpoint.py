@@ -36,3 +36,13 @@ def read_weights(directory: Path, names: tuple[str, ...], what: str) -> dict[str
             except Exception as exc:  # noqa: BLE001 - any unreadable file is the same user error
                 raise SpecdecError(f"{what} {directory}: cannot read {name} ({exc}); download it again") from None
     raise SpecdecError(f"{what} {directory} has no weights ({' or '.join(names)}): point at a {what} directory")
+
+
+def load_into(module: torch.nn.Module, weights: dict[str, torch.Tensor], directory: Path, what: str,
+              strict: bool = True) -> None:
+    """``module.load_state_dict(weights)``; a shape that does not fit is one line naming the first mismatch."""
+    try:
+        module.load_state_dict(weights, strict=strict)
+    except RuntimeError as exc:
+        line = next((ln.strip() for ln in str(exc).splitlines() if "size mismatch" in ln), str(exc).splitlines()[0])
+        raise SpecdecError(f"{what} {directory} does not fit this target ({line}): use one trained for it") from None

@@ -35,7 +35,7 @@ from transformers.models.llama.modeling_llama import (
     LlamaRotaryEmbedding,
 )
 
-from specdraft_eval.drafts.checkpoint import read_json, read_weights
+from specdraft_eval.drafts.checkpoint import load_into, read_json, read_weights
 from specdraft_eval.drafts.model import choose
 from specdraft_eval.drafts.spec import split_shape
 from specdraft_eval.engine import kv_cache
@@ -602,11 +602,7 @@ def load_head(directory: Path, target, tokenizer=None) -> tuple[EagleHead, HeadL
         raise SpecdecError(f"EAGLE head {directory} has weights this loader does not model: {', '.join(unread[:3])}"
                            f"{f' and {len(unread) - 3} more' if len(unread) > 3 else ''}; drafting without them "
                            "would draft wrong tokens: use a head of a supported layout")
-    try:
-        head.load_state_dict({k: v for k, v in state.items() if k in expected}, strict=False)
-    except RuntimeError as exc:
-        line = next((ln.strip() for ln in str(exc).splitlines() if "size mismatch" in ln), str(exc).splitlines()[0])
-        raise SpecdecError(f"EAGLE head {directory} does not fit this target ({line}): use a head trained for it")
+    load_into(head, {k: v for k, v in state.items() if k in expected}, directory, WHAT, strict=False)
     if layout.token_ids is not None and (min(layout.token_ids) < 0 or max(layout.token_ids) >= target.config.vocab_size):
         raise SpecdecError(f"EAGLE head {directory}: its vocabulary maps outside the target's "
                            f"{target.config.vocab_size} tokens; use a head trained for this target")

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specdraft_eval.drafts.checkpoint import read_json, read_weights
+from specdraft_eval.drafts.checkpoint import load_into, read_json, read_weights
 from specdraft_eval.drafts.spec import split_shape
 from specdraft_eval.engine.drafter import FINAL, DrafterBase, Proposal, static_tree, tree_parents
 from specdraft_eval.engine.sampling import Sampler
@@ -126,17 +126,11 @@ def load_heads(directory: Path, target) -> tuple[MedusaHeads, dict]:
     module = MedusaHeads(heads, layers, hidden, vocab)
     weights = {}
     for i in range(heads):
-        last = f"{i}.{layers - 1}.linear." if layers else None  # upstream's shared block: the last key loaded wins
-        if last:
-            weights[f"blocks.{i}.weight"], weights[f"blocks.{i}.bias"] = state[last + "weight"], state[last + "bias"]
-        else:
-            weights[f"blocks.{i}.weight"], weights[f"blocks.{i}.bias"] = torch.zeros(hidden, hidden), torch.zeros(hidden)
+        block = f"{i}.{layers - 1}.linear."  # upstream's one shared block: the last of its keys loaded wins
+        weights[f"blocks.{i}.weight"] = state[block + "weight"] if layers else torch.zeros(hidden, hidden)
+        weights[f"blocks.{i}.bias"] = state[block + "bias"] if layers else torch.zeros(hidden)
         weights[f"out.{i}.weight"] = state[f"{i}.{layers}.weight"]
-    try:
-        module.load_state_dict(weights)
-    except RuntimeError as exc:
-        line = next((ln.strip() for ln in str(exc).splitlines() if "size mismatch" in ln), str(exc).splitlines()[0])
-        raise SpecdecError(f"Medusa heads {directory} do not fit this target ({line}): use heads trained for it") from None
+    load_into(module, weights, directory, WHAT)
     param = next(target.parameters())
     return module.to(param.device, param.dtype).eval().requires_grad_(False), config
 
