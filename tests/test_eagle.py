@@ -18,6 +18,7 @@ from specdraft_eval import (
 )
 from specdraft_eval.drafts import load_draft
 from specdraft_eval.drafts.eagle import EAGLE3, EagleHead, HeadLayout, build, head_config, new_head
+from specdraft_eval.engine import kv_cache
 from specdraft_eval.engine.drafter import FINAL
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.integration.serving import speculative_config
@@ -305,6 +306,33 @@ def test_training_features_are_the_teacher_forced_ones(tiny_dir):
         torch.testing.assert_close(seen.float(), reference, rtol=0, atol=3e-3)
 
 
+def test_text_is_read_teacher_forced_at_the_heads_taps(tmp_path, tiny_dir):
+    """--text: files joined by EOS, cut into --context sequences up to --text-tokens, each with the features one
+    teacher-forced pass gives at the taps (layer inputs, then the final hidden state); bad settings: one line."""
+    from zoo.train_head import teacher_forced
+
+    loaded = LoadSettings().load(str(tiny_dir))
+    target, tokenizer = loaded.model, loaded.tokenizer
+    folder = tmp_path / "text"
+    folder.mkdir()
+    (folder / "a.py").write_text(" ".join(f"w{i % 60}" for i in range(50)))
+    (folder / "b.md").write_text(" ".join(f"w{i % 7}" for i in range(50)))
+    (folder / "skip.json").write_text("w1 " * 100)
+    settings = HeadTraining(kind="eagle3", text=str(folder), text_tokens=48, context=16)
+    taps = settings.taps(6)
+    sequences, features = teacher_forced(target, tokenizer, settings, lambda *a, **k: None, taps)
+    assert [len(s) for s in sequences] == [16, 16, 16] and features[0].shape == (16, len(taps) * 32)
+    with torch.inference_mode():
+        states = target(torch.tensor(sequences), output_hidden_states=True).hidden_states
+    expected = torch.cat([states[t] for t in taps[:-1]] + [states[-1]], -1)
+    torch.testing.assert_close(torch.stack(features).float(), expected, rtol=0, atol=3e-3)
+    for bad, message in ((dict(text=str(tmp_path / "none"), text_tokens=10), "no .py/.md/.rst/.txt files"),
+                         (dict(text="python"), "go together")):
+        with pytest.raises(SpecdecError, match=message):
+            HeadTraining(**bad).check() if "text_tokens" not in bad else teacher_forced(
+                target, tokenizer, HeadTraining(**bad), lambda *a, **k: None, taps)
+
+
 def test_profile_times_a_head_fed_as_the_engine_feeds_it(tmp_path, target):
     from specdraft_eval.drafts.prompt_lookup import PromptLookupDrafter
     from zoo.timing import engine_latency
@@ -335,3 +363,39 @@ def test_train_head_kind_eagle3_learns_in_speculators_layout(tmp_path):
     for prompt in PROMPTS[1:]:
         assert speculative_generate(loaded.model, draft, prompt, 30, num_draft_tokens=4)[0] == \
             autoregressive_generate(loaded.model, prompt, 30)[0]
+
+
+@pytest.mark.parametrize("masked", [True, False])
+def test_eagle3_training_unrolls_what_the_drafter_computes(monkeypatch, masked):
+    """The training-time test: each unrolled step's hidden state at index t equals, to float precision, the one the
+    drafter computes at that depth after the target's features up to t (same attention, positions and inputs).
+    Negative control: later steps that also see their own step's earlier keys (plain causal unrolling) differ."""
+    import zoo.train_head as training
+    from specdraft_eval.drafts.eagle import EagleDrafter, new_eagle3_head
+    from specdraft_eval.engine.sampling import Sampler
+
+    target = tiny_llama(seed=3, layers=6)
+    head = new_eagle3_head(target, seed=4).float()
+    with torch.no_grad():
+        for p in head.parameters():  # away from the init, where later steps barely differ
+            p.add_(0.05 * torch.randn_like(p))
+    if not masked:
+        monkeypatch.setattr(training, "unrolled_mask", lambda width, step, device, dtype: kv_cache.additive(torch.cat(
+            [torch.ones(width - step, width - j, dtype=torch.bool).tril() for j in range(1, step + 1)], 1)[None], dtype))
+    taps, embed = list(head.taps), target.get_input_embeddings()
+    for prompt in ([5, 9, 2, 7], [5, 9, 2, 7, 7, 3, 11], list(range(10, 40, 3))):
+        drafter = EagleDrafter(head, target, "t", None)
+        with torch.no_grad():
+            states = target(torch.tensor([prompt]), output_hidden_states=True).hidden_states
+        drafter.observe(torch.cat([states[t][0, :-1] for t in taps], -1))
+        seen: list[torch.Tensor] = []
+        logits = head.logits
+        monkeypatch.setattr(head, "logits", lambda hidden: (seen.append(hidden.reshape(-1)), logits(hidden))[1])
+        with torch.no_grad():
+            tokens = prompt + drafter.propose(prompt, 3, Sampler()).tokens  # training feeds the drafted tokens
+            states = target(torch.tensor([tokens]), output_hidden_states=True).hidden_states
+            feats = torch.cat([states[t] for t in taps], -1)[:, :-1]  # [1, W - 1, 3H]
+            steps = list(training.unrolled(head, embed, torch.tensor([tokens]), feats, 3))
+        monkeypatch.setattr(head, "logits", logits)
+        close = [torch.allclose(seen[i], steps[i][0, len(prompt) - 2], atol=1e-5) for i in range(3)]
+        assert close[0] and (all(close) if masked else not any(close[1:])), close

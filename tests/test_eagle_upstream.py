@@ -162,7 +162,7 @@ def attention(h: torch.Tensor, w: dict, prefix: str, heads: int, kv_heads: int) 
     scores = torch.einsum("thd,shd->hts", q, k) / math.sqrt(q.shape[-1])
     scores = scores + torch.full((len(h), len(h)), float("-inf")).triu(1)
     out = torch.einsum("hts,shd->thd", scores.softmax(-1), v).reshape(len(h), -1)
-    return out @ w[f"{prefix}o_proj.weight"].T
+    return out @ w[f"{prefix}o_proj.weight"].T + w.get(f"{prefix}o_proj.bias", 0)
 
 
 def mlp(h: torch.Tensor, w: dict, prefix: str) -> torch.Tensor:
@@ -211,18 +211,22 @@ def reference_eagle3(w: dict, target, tokens: list[int], taps: list[int], gamma:
     return drafted, first
 
 
-def reference_eagle1(w: dict, target, tokens: list[int], gamma: int) -> list[int]:
+def reference_eagle1(w: dict, target, tokens: list[int], gamma: int, hot: list[int] | None = None) -> list[int]:
     """EAGLE-1 (``cnets1.py``): fc over [embedding ‖ feature] (the target's last hidden state after its norm),
-    layer 0 without its input norm, no final norm, the target's output head; own output fed back."""
+    layer 0 without its input norm, no final norm, the target's output head (its ``hot`` rows only: SGLang's token
+    map); own output fed back."""
     with torch.no_grad():
         feature = target(torch.tensor([tokens[:-1]]), output_hidden_states=True).hidden_states[-1][0]
-        embed, head = w["embed_tokens.weight"], target.get_output_embeddings().weight
+        embed = w.get("embed_tokens.weight", target.get_input_embeddings().weight)
+        head = target.get_output_embeddings().weight
+        hot = torch.tensor(hot) if hot is not None else torch.arange(len(head))
+        head = head[hot]
         ids, drafted = list(tokens[1:]), []
         for _ in range(gamma):
             x = torch.cat([embed[ids], feature], -1) @ w["fc.weight"].T + w["fc.bias"]
             h = x + attention(x, w, "layers.0.self_attn.", HEADS, KV_HEADS)
             h = h + mlp(rms(h, w["layers.0.post_attention_layernorm.weight"]), w, "layers.0.")
-            drafted.append(int((h[-1] @ head.T).argmax()))
+            drafted.append(int(hot[(h[-1] @ head.T).argmax()]))
             ids.append(drafted[-1])
             feature = torch.cat([feature, h[-1:]])
     return drafted
@@ -359,7 +363,7 @@ def test_an_eagle1_export_is_what_vllm_reads_and_drafts_the_same_tokens(tmp_path
         assert {f"layers.0.self_attn.{p}_proj.bias" for p in "qkvo"} <= set(state)
         for tokens in SEQUENCES:
             assert ours(out, target, tokens, 4, None) == ours(original, target, tokens, 4, None), tokens
-        assert speculative_config(f"eagle:{out}", 4) == result.speculative_config | {"num_speculative_tokens": 4}
+        assert speculative_config(f"eagle:{out}", 4) == result.serve | {"num_speculative_tokens": 4}
 
 
 def test_an_eagle3_export_carries_what_vllm_validates(tmp_path, target):
@@ -391,8 +395,102 @@ def test_zoo_export_cli(tmp_path, target):
     original = write_eagle1(tmp_path / "head", target)
     done = run_cli("zoo", "export", str(original), "--to", "vllm", "--out", str(tmp_path / "out"), "--json")
     assert done.returncode == 0, done.stderr[-2000:]
-    assert json.loads(done.stdout)["speculative_config"]["method"] == "eagle"
+    assert json.loads(done.stdout)["serve"]["method"] == "eagle"
     again = run_cli("zoo", "export", str(original), "--to", "vllm", "--out", str(tmp_path / "out"))
     assert again.returncode == 1 and again.stderr.strip().splitlines()[-1].startswith("zoo: error: --out")
     other = run_cli("zoo", "export", str(original), "--to", "tgi", "--out", str(tmp_path / "tgi"))
-    assert other.returncode == 1 and "exports go to vllm" in other.stderr and not (tmp_path / "tgi").exists()
+    assert other.returncode == 1 and "exports go to vllm, sglang" in other.stderr and not (tmp_path / "tgi").exists()
+
+
+# --- SGLang's readers (srt/models/llama_eagle.py, llama_eagle3.py; set_eagle3_layers_to_capture), from their source --
+
+
+def sglang_eagle3_params(layers: int = 1) -> set[str]:
+    """LlamaForCausalLMEagle3's parameters after its load_weights name mapping (q/k/v -> qkv_proj, gate/up ->
+    gate_up_proj; ``model.`` prefixed where the bare name is not a parameter): a checkpoint key outside them is
+    skipped without a word."""
+    layer = {"self_attn.qkv_proj.weight", "self_attn.o_proj.weight", "mlp.gate_up_proj.weight", "mlp.down_proj.weight",
+             "input_layernorm.weight", "hidden_norm.weight", "post_attention_layernorm.weight"}
+    return ({"model.embed_tokens.weight", "model.fc.weight", "model.norm.weight", "lm_head.weight"}
+            | {f"model.midlayer.{k}" for k in layer})
+
+
+def sglang_eagle3_reads(key: str) -> bool:
+    if key in ("d2t", "t2d"):
+        return True  # d2t -> hot_token_id; t2d skipped on purpose
+    for shard, stacked in ((".q_proj", ".qkv_proj"), (".k_proj", ".qkv_proj"), (".v_proj", ".qkv_proj"),
+                           (".gate_proj", ".gate_up_proj"), (".up_proj", ".gate_up_proj")):
+        if shard in key:
+            key = key.replace(shard, stacked)
+            break
+    return key in sglang_eagle3_params() or f"model.{key}" in sglang_eagle3_params()
+
+
+def sglang_taps(config: dict, depth: int) -> list[int]:
+    """The target layers whose inputs SGLang captures: eagle_config's ids + 1, else 2, L // 2, L - 3."""
+    listed = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    return sorted(i + 1 for i in listed) if listed else [2, depth // 2, depth - 3]
+
+
+def test_an_eagle3_export_for_sglang_is_what_its_reader_reads_and_drafts_the_same_tokens(tmp_path, target):
+    """Every key the export writes is one SGLang's loader reads, its taps (eagle_config ids + 1) are the head's,
+    and SGLang's forward (one midlayer, the residual before hidden_norm) on the exported weights drafts the tokens
+    our loader drafts from the original; vLLM's reading of the same files (top-level ids as layer inputs) agrees."""
+    from zoo.export import export_head
+
+    original = write_eagle3(tmp_path / "head", midlayer=True, taps=[4, 1, 3])
+    result = export_head(original, "sglang", tmp_path / "sglang")
+    out = Path(result.path)
+    config = json.loads((out / "config.json").read_text())
+    from safetensors.torch import load_file
+
+    raw = load_file(str(out / "model.safetensors"))
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["tie_word_embeddings"] is False
+    assert config["draft_vocab_size"] == len(raw["d2t"]) == raw["lm_head.weight"].shape[0]
+    assert all(sglang_eagle3_reads(k) for k in raw), sorted(k for k in raw if not sglang_eagle3_reads(k))
+    assert sglang_taps(config, 6) == config["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]
+    assert result.serve["speculative-algorithm"] == "EAGLE3"
+    w = {k.replace("midlayer.", "layers.0."): v for k, v in raw.items()}
+    for tokens in SEQUENCES:
+        expected = ours(original, target, tokens, 4, [1, 3, 4])
+        assert reference_eagle3(w, target, tokens, sglang_taps(config, 6), 4, before_residual=False)[0] == expected
+        assert ours(out, target, tokens, 4, [1, 3, 4]) == expected
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(), "norm_before_residual"),  # speculators' default: the residual after hidden_norm
+    (dict(norm_before_residual=False, layers=2), "2 decoder layers"),
+    (dict(norm_before_residual=False, norm_before_fc=True), "a norm before fc"),
+])
+def test_heads_sglang_cannot_run_as_trained_are_refused_in_one_line(tmp_path, target, change, message):
+    from zoo.export import export_head
+
+    with pytest.raises(SpecdecError, match=f"SGLang's EAGLE-3 reader cannot run head .*{message}.*--to vllm"):
+        export_head(write_eagle3(tmp_path / "head", **change), "sglang", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_eagle1_export_for_sglang_is_what_its_reader_reads_and_drafts_the_same_tokens(tmp_path, target):
+    """SGLang's llama_eagle: fc always with a bias (zero where the head had none), attention biases for q, k, v and
+    o from one config flag (attention_bias or bias), layer 0's input norm deleted, the target's embedding and head,
+    a reduced vocabulary only through --speculative-token-map: the exported head read that way drafts our tokens."""
+    from test_eagle import eagle_dir
+
+    from zoo.export import export_head
+
+    hot = [0, 2, 3, 7, 9, 11, 20, 31, 40, 63]
+    for name, original in (("repo", write_eagle1(tmp_path / "repo", target)),
+                           ("qkv", write_eagle1(tmp_path / "qkv", target, qkv_bias=True)),
+                           ("ours", eagle_dir(tmp_path, target, hot))):
+        out = Path(export_head(original, "sglang", tmp_path / f"sglang-{name}").path)
+        config, w = json.loads((out / "config.json").read_text()), {k: v.float() for k, v in _weights(out).items()}
+        flag = bool(config.get("attention_bias") or config.get("bias"))
+        biases = {f"layers.0.self_attn.{p}_proj.bias" for p in "qkvo"}
+        assert config["architectures"] == ["LlamaForCausalLMEagle"] and "fc.bias" in w
+        assert (biases <= set(w)) if flag else not (biases & set(w)), name
+        assert "layers.0.input_layernorm.weight" not in w
+        token_map = torch.load(out / "token_map.pt") if (out / "token_map.pt").is_file() else None
+        assert (token_map.tolist() if token_map is not None else None) == (hot if name == "ours" else None)
+        for tokens in SEQUENCES:
+            reference = reference_eagle1(w, target, tokens, 4, hot=None if token_map is None else token_map.tolist())
+            assert reference == ours(original, target, tokens, 4, None) == ours(out, target, tokens, 4, None), name

@@ -95,9 +95,15 @@ def test_trees_map_to_vllms_static_tree_and_sglangs_topk(tmp_path):
     assert config == {"method": "eagle", "model": str(head), "num_speculative_tokens": 6,
                       "speculative_token_tree": str(static_tree(2, 3, 6))}
     assert "speculative_token_tree" not in speculative_config(f"eagle:{head}", 4)
+    with pytest.raises(SpecdecError, match="SGLang would run head .* differently .*zoo export .* --to sglang"):
+        sglang_args(f"eagle:{head3}", 4)
+    head3 = Path(export_head(eagle3_dir(tmp_path, target, midlayer=True), "sglang", tmp_path / "sglang3").path)
     assert sglang_args(f"eagle:{head3}@4x5", 16) == {
         "speculative-algorithm": "EAGLE3", "speculative-draft-model-path": str(head3), "speculative-num-steps": 5,
         "speculative-eagle-topk": 4, "speculative-num-draft-tokens": 17}  # SGLang counts the root
+    (tmp_path / "other").mkdir()
+    head = Path(export_head(eagle_dir(tmp_path / "other", target, [0, 3, 9, 20]), "sglang", tmp_path / "sglang").path)
+    assert sglang_args(f"eagle:{head}", 3)["speculative-token-map"] == str(head / "token_map.pt")
     assert sglang_args(f"eagle:{head}", 3)["speculative-num-steps"] == 3
     assert sglang_args("org/draft", 3)["speculative-algorithm"] == "STANDALONE"
     assert speculative_config("suffix", 16)["method"] == "suffix"

@@ -110,6 +110,11 @@ def train_head(
                                            "layers' states, 3 unrolled steps, speculators' layout) or medusa (heads "
                                            "predicting t+2.., FasterDecoding/Medusa's layout).")] = "eagle",
     medusa_heads: Annotated[int, typer.Option(help="--kind medusa: how many heads (draft depth).")] = 4,
+    unroll: Annotated[int, typer.Option(help="Steps trained in a row on the head's own features (eagle3: at "
+                                              "least 3).")] = 2,
+    text: Annotated[Optional[str], typer.Option(help="Also read this text teacher-forced: 'python' (its standard "
+                                                    "library's sources), a text file or a folder of them.")] = None,
+    text_tokens: Annotated[int, typer.Option(help="--text: how many of its tokens.")] = 0,
     device: DeviceOpt = None, dtype: DtypeOpt = "auto", as_json: JsonOpt = False,
 ) -> None:
     """Train an EAGLE-style head (`draft=eagle:DIR`: EAGLE-1 or EAGLE-3) or Medusa heads (`draft=medusa:DIR`) on the
@@ -118,7 +123,8 @@ def train_head(
     from zoo.train_head import train_head as run
 
     settings = HeadTraining(prompts, max_prompts, new_tokens, vocab_top=vocab_top, steps=steps, kind=kind,
-                            medusa_heads=medusa_heads)
+                            medusa_heads=medusa_heads, unroll=unroll, text=text,
+                            text_tokens=text_tokens)
     with progress("continuing prompts, then training") as tick:
         emit(run(model, out, settings, load_settings(device, dtype, False, kernels="plain"), tick), as_json)
 
@@ -128,18 +134,19 @@ def train_head(
 def export(
     head: Annotated[Path, typer.Argument(help="An EAGLE head directory (zoo train-head's, the EAGLE repository's or "
                                               "speculators').")],
-    to: Annotated[str, typer.Option("--to", help="The server that loads it: vllm.")],
+    to: Annotated[str, typer.Option("--to", help="The server that loads it: vllm or sglang.")],
     out: OutOpt,
     as_json: JsonOpt = False,
 ) -> None:
-    """Write an EAGLE head as a server loads it, as it is (and the speculative_config that serves it)."""
+    """Write an EAGLE head as a server loads it, as it is (and what serves it there)."""
     from zoo.export import export_head
 
     result = export_head(head, to, out)
     if as_json:
         return emit(result.to_json(), True)
-    typer.echo(f"{result.method} head for {to} written to {result.path}; serve it with speculative_config="
-               f"{json.dumps(result.speculative_config)}")
+    serve = (f"speculative_config={json.dumps(result.serve)}" if to == "vllm"
+             else " ".join(f"--{k} {v}" for k, v in result.serve.items()))
+    typer.echo(f"{result.method} head for {to} written to {result.path}; serve it with {serve}")
     for note in result.notes:
         typer.echo(f"note: {note}")
 

@@ -1,4 +1,4 @@
-"""``zoo export DIR --to vllm``: an EAGLE head as vLLM loads it, as it is.
+"""``zoo export DIR --to vllm|sglang``: an EAGLE head as vLLM or SGLang loads it, as it is.
 
 vLLM's readers (``model_executor/models/llama_eagle.py``, ``llama_eagle3.py``) differ from what ``zoo train-head``
 and the EAGLE repository write: its EAGLE-1 ``fc`` has no bias and its attention biases come from the config's
@@ -12,8 +12,16 @@ must name ``proposal_methods[0].speculative_tokens``. The export makes each of t
 - EAGLE-3: speculators' layout (the EAGLE repository's ``midlayer`` renamed to ``layers.0``), a speculators config
   with ``norm_before_residual`` and the tap layers written out and a proposal method.
 
-The exported head drafts what the original drafts under our loader (tested), except where vLLM itself differs: a
-reduced vocabulary is said in ``notes``.
+SGLang's readers (``srt/models/llama_eagle.py``, ``llama_eagle3.py``, ``set_eagle3_layers_to_capture``) differ
+otherwise: EAGLE-1's ``fc`` always has a bias and a config ``bias`` makes attention biases; a reduced vocabulary is
+its ``--speculative-token-map``; EAGLE-3 reads ``midlayer.*`` (one layer, no attention biases, the residual before
+``hidden_norm``) and skips any other key silently; its tap ids sit under ``eagle_config`` and name layer outputs
+(it taps the input of id + 1, where vLLM and we read the ids as layer inputs). The export writes each as SGLang
+reads it, and refuses in one line a head SGLang cannot run as it was trained (norm before the residual or before
+``fc``, several layers, attention biases): vLLM serves those.
+
+The exported head drafts what the original drafts under our loader (tested), except where the server itself
+differs: a reduced vocabulary vLLM ignores is said in ``notes``.
 """
 
 from __future__ import annotations
@@ -24,24 +32,35 @@ from pathlib import Path
 
 import torch
 
-from specdraft_eval.drafts.eagle import EAGLE3, eagle3_taps, norm_before_residual, read_checkpoint, variant_of
+from specdraft_eval.drafts.eagle import (
+    EAGLE3,
+    HEAD_FILE,
+    SERVERS,
+    SGLANG_EAGLE3,
+    TOKEN_MAP,
+    eagle3_taps,
+    norm_before_residual,
+    read_checkpoint,
+    variant_of,
+)
 from specdraft_eval.errors import SpecdecError
-from specdraft_eval.files import atomic_output
+from specdraft_eval.files import atomic_output, write_json
+from specdraft_eval.integration.serving import sglang_args, speculative_config
 
-TARGETS = ("vllm",)
 SPECULATIVE_TOKENS = 3
 """The proposal method's draft length written where a speculators config names none (EAGLE-3's training depth)."""
 
 
 @dataclass
 class Export:
-    """What ``zoo export`` wrote: where, for which server, the head's method and the speculative_config to serve it
-    with, and anything the server will do differently from our loader."""
+    """What ``zoo export`` wrote: where, for which server, the head's method, what serves it there (vLLM's
+    ``speculative_config``, SGLang's server arguments), and anything the server will do differently from our
+    loader."""
 
     path: str
     to: str
     method: str
-    speculative_config: dict
+    serve: dict  # vLLM's speculative_config, or SGLang's server arguments
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
@@ -63,14 +82,36 @@ def _fold_fc_bias(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def export_head(head: Path, to: str, out: Path) -> Export:
-    """Write ``head`` (an EAGLE head directory) to ``out`` as ``to`` (:data:`TARGETS`) loads it; see the module
+    """Write ``head`` (an EAGLE head directory) to ``out`` as ``to`` (:data:`SERVERS`) loads it; see the module
     docstring. ``out`` must not exist; nothing is left half-written."""
-    if to not in TARGETS:
-        raise SpecdecError(f"--to {to!r}: exports go to {', '.join(TARGETS)}")
+    if to not in SERVERS:
+        raise SpecdecError(f"--to {to!r}: exports go to {', '.join(SERVERS)}")
     if out.exists():
         raise SpecdecError(f"--out {out} exists: give a new directory")
     config, state, meta = read_checkpoint(head)
-    variant, notes = variant_of(config, state), []
+    variant = variant_of(config, state)
+    written, state, files, notes = (_vllm if to == "vllm" else _sglang)(head, config, state, meta, variant)
+    from safetensors.torch import save_file
+
+    with atomic_output(out, directory=True) as tmp:
+        save_file({k: v.contiguous() for k, v in state.items()}, str(tmp / "model.safetensors"))
+        (tmp / "config.json").write_text(json.dumps(written, indent=1, default=str))
+        for name, write in files.items():
+            write(tmp / name)
+    draft = f"eagle:{out.resolve()}"
+    serve = speculative_config(draft, _depth(written)) if to == "vllm" else sglang_args(draft, _depth(written))
+    return Export(str(out.resolve()), to, EAGLE3 if variant == EAGLE3 else "eagle", serve, notes)
+
+
+def _depth(config: dict) -> int:
+    """The draft length a config's proposal method names (EAGLE-3's training depth), else :data:`SPECULATIVE_TOKENS`."""
+    methods = (config.get("speculators_config") or {}).get("proposal_methods") or [{}]
+    return methods[0].get("speculative_tokens", SPECULATIVE_TOKENS)
+
+
+def _vllm(head: Path, config: dict, state: dict, meta: dict, variant: str):
+    """vLLM: EAGLE-3 in speculators' layout and config; EAGLE-1 with its ``fc`` bias folded into the attention."""
+    notes: list[str] = []
     if variant == EAGLE3:
         layer = dict(config.get("transformer_layer_config") or {k: v for k, v in config.items()
                                                                 if k not in ("draft_vocab_size",)})
@@ -80,29 +121,72 @@ def export_head(head: Path, to: str, out: Path) -> Export:
         methods[0] = {"speculative_tokens": SPECULATIVE_TOKENS, **methods[0]}
         written = {**({k: v for k, v in config.items() if k != "eagle_config"} if speculators else {}),
                    "speculators_model_type": EAGLE3, "architectures": ["Eagle3Speculator"],
-                   "transformer_layer_config": layer, "draft_vocab_size": int(len(state["d2t"])) if "d2t" in state
-                   else config.get("draft_vocab_size"),
+                   "transformer_layer_config": layer, "draft_vocab_size": _draft_vocab(config, state),
                    "norm_before_residual": norm_before_residual(config),
                    "speculators_config": {**speculators_config, "proposal_methods": methods}}
         if taps:
             written["eagle_aux_hidden_state_layer_ids"] = taps
-        speculative_tokens = methods[0]["speculative_tokens"]
-    else:
-        state = _fold_fc_bias({k: v for k, v in state.items()
-                               if k not in ("embed_tokens.weight", "layers.0.input_layernorm.weight")})
-        biased = any(k.startswith("layers.") and k.endswith("_proj.bias") for k in state)
-        written = {k: v for k, v in config.items() if k not in ("qkv_bias",)}
-        written.update(attention_bias=biased, bias=biased, architectures=["LlamaForCausalLM"])
-        if meta.get("token_ids"):
-            notes.append(f"vLLM drafts over the target's whole vocabulary: this head was trained to choose among "
-                         f"{len(meta['token_ids'])} tokens, so vLLM's drafts differ where the whole vocabulary's "
-                         "best token is outside them")
-        speculative_tokens = SPECULATIVE_TOKENS
-    from safetensors.torch import save_file
+        return written, state, {}, notes
+    state = _fold_fc_bias({k: v for k, v in state.items()
+                           if k not in ("embed_tokens.weight", "layers.0.input_layernorm.weight")})
+    biased = any(k.startswith("layers.") and k.endswith("_proj.bias") for k in state)
+    written = {k: v for k, v in config.items() if k not in ("qkv_bias",)}
+    written.update(attention_bias=biased, bias=biased, architectures=["LlamaForCausalLM"])
+    if meta.get("token_ids"):
+        notes.append(f"vLLM drafts over the target's whole vocabulary: this head was trained to choose among "
+                     f"{len(meta['token_ids'])} tokens, so vLLM's drafts differ where the whole vocabulary's "
+                     "best token is outside them")
+    return written, state, {}, notes
 
-    with atomic_output(out, directory=True) as tmp:
-        save_file({k: v.contiguous() for k, v in state.items()}, str(tmp / "model.safetensors"))
-        (tmp / "config.json").write_text(json.dumps(written, indent=1, default=str))
-    method = "eagle3" if variant == EAGLE3 else "eagle"
-    return Export(str(out.resolve()), to, method,
-                  {"method": method, "model": str(out.resolve()), "num_speculative_tokens": speculative_tokens}, notes)
+
+def _draft_vocab(config: dict, state: dict) -> int | None:
+    return int(len(state["d2t"])) if "d2t" in state else config.get("draft_vocab_size")
+
+
+def _sglang(head: Path, config: dict, state: dict, meta: dict, variant: str):
+    """SGLang: EAGLE-3 as ``LlamaForCausalLMEagle3`` (``midlayer.*``, a flat Llama config, taps under both names:
+    ids for vLLM and us at the top, ids - 1 under ``eagle_config`` for SGLang); EAGLE-1 as ``LlamaForCausalLMEagle``
+    (an ``fc`` bias, zero where the head had none; attention biases only where it has them; a token map for our
+    reduced vocabulary, ``eagle.json`` kept for our loader). Heads it cannot run as they are trained: one line."""
+    layers = {k.split(".")[1] for k in state if k.startswith("layers.")}
+    if variant == EAGLE3:
+        taps = eagle3_taps(config)
+        refusal = ("the residual after hidden_norm (norm_before_residual), which SGLang takes before"
+                   if norm_before_residual(config) else "a norm before fc (input_norm)" if "input_norm.weight" in state
+                   else f"{len(layers)} decoder layers (SGLang's reader has one)" if len(layers) > 1
+                   else "attention biases" if any(k.endswith("_proj.bias") for k in state)
+                   else "a tap on the target's embedding (layer 0's input), which SGLang's ids cannot name"
+                   if taps and 0 in taps else None)
+        if refusal:
+            raise SpecdecError(f"SGLang's EAGLE-3 reader cannot run head {head} as it was trained ({refusal}): serve "
+                               "it with vLLM (`zoo export --to vllm`)")
+        layer = dict(config.get("transformer_layer_config") or config)
+        written = {k: v for k, v in layer.items() if not k.startswith(("speculators", "eagle", "architectures"))}
+        written.update(architectures=["LlamaForCausalLMEagle3"], model_type="llama", num_hidden_layers=1,
+                       draft_vocab_size=_draft_vocab(config, state), tie_word_embeddings=False,
+                       bias="fc.bias" in state)
+        if "target_hidden_size" in config:
+            written["target_hidden_size"] = config["target_hidden_size"]
+        if taps:
+            written.update(eagle_aux_hidden_state_layer_ids=taps,
+                           eagle_config={"eagle_aux_hidden_state_layer_ids": [t - 1 for t in taps]})
+        state = {("midlayer." + k.removeprefix("layers.0.") if k.startswith("layers.0.") else k): v
+                 for k, v in state.items() if k in SGLANG_EAGLE3 or k.startswith("layers.0.")}
+        return written, state, {}, []
+    state = {k: v for k, v in state.items() if k not in ("embed_tokens.weight", "layers.0.input_layernorm.weight")}
+    if "fc.bias" not in state:
+        state["fc.bias"] = torch.zeros(state["fc.weight"].shape[0], dtype=state["fc.weight"].dtype)
+    prefix = "layers.0.self_attn."
+    biased = any(k.startswith(prefix) and k.endswith("_proj.bias") for k in state)
+    if biased:  # SGLang builds q, k, v and o biases from one flag: the missing ones are zero
+        for name in "qkvo":
+            weight = state[f"{prefix}{name}_proj.weight"]
+            state.setdefault(f"{prefix}{name}_proj.bias", torch.zeros(weight.shape[0], dtype=weight.dtype))
+    written = {k: v for k, v in config.items() if k not in ("qkv_bias",)}
+    written.update(architectures=["LlamaForCausalLMEagle"], attention_bias=biased, bias=biased)
+    files = {}
+    if meta.get("token_ids"):
+        ids = torch.tensor(meta["token_ids"])
+        files = {TOKEN_MAP: lambda path: torch.save(ids, path),
+                 HEAD_FILE: lambda path: write_json(path, meta)}
+    return written, state, files, []

@@ -4,13 +4,18 @@ on the target's own text and hidden states.
 1. Data: the target continues held-in prompts greedily (``zoo ngram``'s prompts and generation: never the
    documents the leaderboard measures); its last hidden state (after its final norm) at every position of each
    prompt's tail and continuation is recorded during that generation (equal to a teacher-forced pass's, without
-   a second pass), and its next-token distribution follows from them through its own output head.
+   a second pass), and its next-token distribution follows from them through its own output head. With ``--text``
+   (``python``: the standard library's sources, or files of one's own; never the documents the leaderboard
+   measures) ``--text-tokens`` more tokens are read teacher-forced: one target pass per sequence, its features and
+   distribution at every position of text it did not write.
 2. Vocabulary: the ``vocab_top`` tokens the target emits most often in that text (a reduced output head, its
    rows shared with the target's head, keeps the draft's cost per token low).
 3. Training, as EAGLE: the head maps (feature t, embedding of token t+1) to feature t+1; loss = smooth-L1 on
    the feature + ``cls_weight`` x cross-entropy against the target's distribution (over the head's vocabulary),
    with uniform noise on input features, and a second unrolled step on the head's own predicted features (what
-   it drafts from after its first token).
+   it drafts from after its first token). EAGLE-3 (``--kind eagle3``): cross-entropy only, and its training-time
+   test: ``--unroll`` (>= 3) steps, each later one on the head's own outputs, attending exactly as the drafter's
+   cache lets it when drafting (:func:`unrolled_mask`), step i weighted 0.8^(i-1) as upstream's.
 
 Medusa (``--kind medusa``, FasterDecoding/Medusa's layout): K heads on the same features, head i a ResBlock
 (zero-initialised, as Medusa does) and the target's own output head, trained with cross-entropy on the token at
@@ -27,6 +32,7 @@ import json
 import math
 import random
 import shutil
+import sysconfig
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass
@@ -38,6 +44,7 @@ import torch.nn.functional as F
 from specdraft_eval.drafts.eagle import HEAD_FILE, HEAD_FORMAT, EagleHead, default_taps, new_eagle3_head, new_head
 from specdraft_eval.drafts.medusa import MedusaHeads
 from specdraft_eval.drafts.ngram import vocab_fingerprint
+from specdraft_eval.engine import kv_cache
 from specdraft_eval.engine.drafter import FINAL
 from specdraft_eval.engine.taps import FeatureTap
 from specdraft_eval.errors import SpecdecError
@@ -72,6 +79,8 @@ class HeadTraining:
     kind: str = "eagle"  # or "medusa"
     medusa_heads: int = 4
     medusa_layers: int = 1
+    text: str | None = None  # text read teacher-forced besides the generations: "python" (its standard library) or a path
+    text_tokens: int = 0  # how many tokens of it (0: none)
 
     @property
     def medusa(self) -> bool:
@@ -96,6 +105,8 @@ class HeadTraining:
             raise SpecdecError(f"--window {self.window} must exceed --unroll {self.unroll}")
         if not 0 <= self.lr < 1:
             raise SpecdecError(f"--lr {self.lr} must lie in [0, 1)")
+        if self.text_tokens < 0 or (self.text_tokens > 0) != (self.text is not None):
+            raise SpecdecError("--text and --text-tokens go together: --text python (or a folder or file) --text-tokens N")
         if self.kind not in KINDS:
             raise SpecdecError(f"--kind {self.kind!r}: use one of {', '.join(KINDS)}")
         if self.medusa and (self.medusa_heads < 1 or self.medusa_layers < 0 or self.window <= self.medusa_heads + 1):
@@ -140,6 +151,54 @@ def generations(target, tokenizer, texts: list[str], settings: HeadTraining, tic
     finally:
         tap.close()
     return sequences, features, generated
+
+
+PYTHON_TEXT = "python"
+TEXT_SUFFIXES = (".py", ".md", ".rst", ".txt")
+
+
+def text_files(spec: str, seed: int) -> list[Path]:
+    """The files ``--text`` names, in a seeded shuffled order: ``python`` is this Python's standard library (its
+    ``.py`` sources); else a text file, or a folder's ``.py``/``.md``/``.rst``/``.txt`` files."""
+    if spec == PYTHON_TEXT:
+        root, suffixes = Path(sysconfig.get_paths()["stdlib"]), (".py",)
+    else:
+        root, suffixes = Path(spec), TEXT_SUFFIXES
+    if root.is_file():
+        return [root]
+    files = sorted(f for f in root.rglob("*") if f.suffix in suffixes and f.is_file()
+                   and "site-packages" not in f.parts) if root.is_dir() else []
+    if not files:
+        raise SpecdecError(f"--text {spec}: no {'/'.join(suffixes)} files there; give 'python', a text file or a "
+                           "folder of them")
+    random.Random(seed).shuffle(files)
+    return files
+
+
+def teacher_forced(target, tokenizer, settings: HeadTraining, tick: Tick,
+                   taps: tuple[int, ...]) -> tuple[list[list[int]], list[torch.Tensor]]:
+    """``settings.text_tokens`` tokens of ``--text`` (its files joined by EOS) in sequences of ``settings.context``
+    tokens, each with the target's features at ``taps`` from one forward pass over it: its distribution at every
+    position of text it did not write (teacher forcing), as EAGLE's training data is."""
+    eos = tokenizer.eos_token_id
+    stream: list[int] = []
+    for path in text_files(settings.text, settings.seed):
+        stream += tokenizer(path.read_text(errors="ignore")).input_ids + [eos]
+        if len(stream) >= settings.text_tokens:
+            break
+    width = settings.context
+    sequences = [stream[i: i + width] for i in range(0, min(len(stream), settings.text_tokens) - width + 1, width)]
+    features = []
+    tap = FeatureTap(target, taps)
+    try:
+        for start in range(0, len(sequences), 8):
+            with torch.inference_mode():
+                target(torch.tensor(sequences[start: start + 8], device=target.device))
+            features += list(tap.take().to("cpu", torch.float16))  # [width, F] each
+            tick(len(sequences[start: start + 8]))
+    finally:
+        tap.close()
+    return sequences, features
 
 
 def top_tokens(sequences: list[list[int]], most: int) -> list[int] | None:
@@ -189,26 +248,49 @@ def head_losses(head: EagleHead, embed: torch.nn.Module, ids: torch.Tensor, feat
 
 def eagle3_losses(head: EagleHead, embed: torch.nn.Module, rows: torch.Tensor, ids: torch.Tensor, feats: torch.Tensor,
                   settings: HeadTraining, noise: bool = True) -> tuple[torch.Tensor, list[float]]:
-    """EAGLE-3's loss over :attr:`HeadTraining.unrolled` steps: step 1 drafts from ``fc`` over the three tapped layers
-    (``feats[..., :-H]``), each later step from the head's own hidden states (as it drafts after its first token);
-    each step's cross-entropy against the target's distribution at t + step (its final hidden state
-    ``feats[..., -H:]`` through its output ``rows`` over the head's vocabulary), and its top-1 agreement."""
+    """EAGLE-3's loss with its training-time test (EAGLE ``traineagle3``): over :attr:`HeadTraining.unrolled` steps,
+    step 1 drafting from ``fc`` over the three tapped layers (``feats[..., :-H]``), each later step from the head's
+    own hidden states of the step before, attending as it does when drafting (:func:`unrolled_mask`); step i's
+    cross-entropy against the target's distribution at t + i (its final hidden state ``feats[..., -H:]`` through its
+    output ``rows`` over the head's vocabulary) weighted 0.8^(i-1) as upstream's, and each step's top-1 agreement."""
     tapped = feats.shape[-1] - embed.weight.shape[1]  # the layer inputs, then the final hidden state
     inputs, final = feats[:, :-1, :tapped], feats[..., tapped:]
     if noise and settings.noise:
         inputs = inputs + (torch.rand_like(inputs) * 2 - 1) * settings.noise
-    total, agreement, width = 0.0, [], ids.shape[1]
-    for step in range(1, settings.unrolled + 1):
-        span = width - step
-        positions = torch.arange(span)[None].expand(ids.shape[0], -1)
-        hidden = head(embed(ids[:, step:]), inputs[:, :span], None, positions, own=step > 1)  # [B, span, H]
+    total, agreement = 0.0, []
+    for step, hidden in enumerate(unrolled(head, embed, ids, inputs, settings.unrolled), start=1):
         with torch.no_grad():
             target_logp = F.log_softmax(final[:, step:] @ rows.T, -1)
         logp = F.log_softmax(head.logits(hidden), -1)
-        total = total - (target_logp.exp() * logp).sum(-1).mean()
+        total = total - 0.8 ** (step - 1) * (target_logp.exp() * logp).sum(-1).mean()
         agreement.append(float((logp.argmax(-1) == target_logp.argmax(-1)).float().mean()))
-        inputs = hidden[:, :-1]
     return total, agreement
+
+
+def unrolled(head: EagleHead, embed: torch.nn.Module, ids: torch.Tensor, inputs: torch.Tensor, steps: int):
+    """Yield the head's hidden states [B, W - i, H] of steps i = 1..``steps`` over tokens ``ids`` [B, W] and the
+    target's tapped features ``inputs`` [B, W - 1, F]: index t of step i stands for drafting position t + i - 1 (its
+    rotary position) after the target's features up to t, from the head's own output of step i - 1 and token t + i."""
+    cache, width = kv_cache.new_cache(), ids.shape[1]
+    hidden = None
+    for step in range(1, steps + 1):
+        span = width - step
+        positions = (torch.arange(span, device=ids.device) + step - 1)[None].expand(ids.shape[0], -1)
+        own = hidden[:, :span] if hidden is not None else inputs[:, :span]
+        mask = unrolled_mask(width, step, ids.device, head.dtype) if step > 1 else None
+        hidden = head(embed(ids[:, step:]), own, cache, positions, own=step > 1, mask=mask)
+        yield hidden
+
+
+def unrolled_mask(width: int, step: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """The training-time test's additive mask ``[1, 1, W - step, keys]`` for unrolled step ``step`` >= 2 over the
+    keys of steps 1..``step`` (W - 1, W - 2, ... of them, as cached): index t sees step 1's keys at indices <= t
+    (the positions fed with the target's features) and each later step's key at index t (its own earlier drafts,
+    itself last), exactly what the drafter's cache holds when it drafts that position."""
+    span = width - step
+    blocks = [torch.ones(span, width - 1, dtype=torch.bool, device=device).tril()]
+    blocks += [torch.eye(span, width - j, dtype=torch.bool, device=device) for j in range(2, step + 1)]
+    return kv_cache.additive(torch.cat(blocks, 1)[None], dtype)
 
 
 def save_eagle3(directory: Path, head: EagleHead, target_name: str, meta: dict) -> None:
@@ -351,6 +433,7 @@ def train_head(model: str, out: Path, settings: HeadTraining = HeadTraining(), l
     settings.check()
     loaded = load.load(model)
     target, tokenizer = loaded.model, loaded.tokenizer
+    target.requires_grad_(False)  # its embedding feeds the head: no gradient through it
     work = _Work(out, settings, model)
     started = time.perf_counter()
     data = work.load("data.pt")
@@ -358,12 +441,15 @@ def train_head(model: str, out: Path, settings: HeadTraining = HeadTraining(), l
         tick(0, total=settings.steps)
     else:
         texts = ngram_prompts(settings.prompts, settings.max_prompts)
-        tick(0, total=len(texts) + settings.steps)  # one bar: prompts continued, then training steps
+        chunks = settings.text_tokens // settings.context
+        tick(0, total=chunks + len(texts) + settings.steps)  # one bar: text read, prompts continued, training steps
+        taps = settings.taps(target.config.num_hidden_layers)
+        sequences, features = teacher_forced(target, tokenizer, settings, tick, taps) if chunks else ([], [])
         log(f"continuing {len(texts)} held-in prompts ({settings.new_tokens} tokens each)")
-        sequences, features, generated = generations(target, tokenizer, texts, settings, tick,
-                                                     settings.taps(target.config.num_hidden_layers))
-        data = {"sequences": sequences, "features": features, "generated": generated,
-                "seconds": time.perf_counter() - started}
+        generated_sequences, generated_features, generated = generations(target, tokenizer, texts, settings, tick, taps)
+        sequences, features = sequences + generated_sequences, features + generated_features  # held out: the last
+        data = {"sequences": sequences, "features": features, "generated": generated, "text_sequences": len(sequences)
+                - len(generated_sequences), "seconds": time.perf_counter() - started}
         log(f"{sum(map(len, sequences))} tokens with features, {generated} of them generated")
         work.save("data.pt", data)
     sequences, features = data["sequences"], data["features"]
@@ -388,7 +474,8 @@ def train_head(model: str, out: Path, settings: HeadTraining = HeadTraining(), l
 
     trainable = [p for p in head.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=settings.lr, weight_decay=0.0)
-    held = max(1, len(sequences) // 20)  # the last 5% of sequences: agreement measured, never trained on
+    held = max(1, (len(sequences) - data.get("text_sequences", 0)) // 20)  # the last 5% of the generations:
+    # agreement measured on them, never trained on
     train_seqs, train_feats = sequences[:-held], features[:-held]
     run, checkpoint = _Run(head, optimizer, work), work.load("checkpoint.pt")
     if checkpoint is not None:
@@ -410,7 +497,8 @@ def train_head(model: str, out: Path, settings: HeadTraining = HeadTraining(), l
     taps = [t for t in settings.taps(target.config.num_hidden_layers) if t != FINAL] or [FINAL]  # what the head reads
     meta = {"target": model, "vocab": vocab_fingerprint(tokenizer), "taps": taps, "token_ids": token_ids,
             "training": {**asdict(settings), "sequences": len(sequences), "tokens": sum(map(len, sequences)),
-                         "generated_tokens": data["generated"], "held_out_sequences": held,
+                         "generated_tokens": data["generated"], "text_sequences": data.get("text_sequences", 0),
+                         "held_out_sequences": held,
                          ("top1_agreement_by_head" if settings.medusa else "top1_agreement_by_step"): agreement,
                          "minutes": round((time.perf_counter() - started) / 60, 1)}}
     with atomic_output(out, directory=True) as tmp:

@@ -24,15 +24,37 @@ def read_json(path: Path, what: str) -> dict:
 
 def read_weights(directory: Path, names: tuple[str, ...], what: str) -> dict[str, torch.Tensor]:
     """The first of ``names`` found in ``directory``, read (``.safetensors`` or ``weights_only`` torch)."""
+    def read(path: Path) -> dict[str, torch.Tensor]:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            return load_file(str(path))
+        return torch.load(path, map_location="cpu", weights_only=True)
+
+    return _open(directory, names, what, read)
+
+
+def weight_names(directory: Path, names: tuple[str, ...], what: str) -> set[str]:
+    """The weight names in the first of ``names`` found in ``directory``, as stored (a safetensors header alone, or
+    a torch pickle memory-mapped)."""
+    def read(path: Path) -> set[str]:
+        if path.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(path), framework="pt") as f:
+                return set(f.keys())
+        return set(torch.load(path, map_location="cpu", weights_only=True, mmap=True))
+
+    return _open(directory, names, what, read)
+
+
+def _open(directory: Path, names: tuple[str, ...], what: str, read):
+    """``read(path)`` of the first of ``names`` in ``directory``; a missing or unreadable file is one line."""
     for name in names:
         path = directory / name
         if path.is_file():
             try:
-                if name.endswith(".safetensors"):
-                    from safetensors.torch import load_file
-
-                    return load_file(str(path))
-                return torch.load(path, map_location="cpu", weights_only=True)
+                return read(path)
             except Exception as exc:  # noqa: BLE001 - any unreadable file is the same user error
                 raise SpecdecError(f"{what} {directory}: cannot read {name} ({exc}); download it again") from None
     raise SpecdecError(f"{what} {directory} has no weights ({' or '.join(names)}): point at a {what} directory")

@@ -35,7 +35,7 @@ from transformers.models.llama.modeling_llama import (
     LlamaRotaryEmbedding,
 )
 
-from specdraft_eval.drafts.checkpoint import load_into, read_json, read_weights
+from specdraft_eval.drafts.checkpoint import load_into, read_json, read_weights, weight_names
 from specdraft_eval.drafts.model import choose
 from specdraft_eval.drafts.spec import split_shape
 from specdraft_eval.engine import kv_cache
@@ -186,12 +186,13 @@ def new_head(target, token_ids: list[int] | None = None, seed: int = 0) -> Eagle
 
 def new_eagle3_head(target, token_ids: list[int] | None = None, seed: int = 0) -> EagleHead:
     """A freshly initialised EAGLE-3 head for ``target``: ``fc`` over the inputs of its layers 2, L/2 and L-3
-    (upstream's default), one decoder layer of its shape (speculators' first layer, ``norm_before_residual``), a
-    final norm and its own output head over ``token_ids`` (default: the target's whole vocabulary), started from
-    the target's rows."""
+    (upstream's default), one decoder layer of its shape (the residual taken before ``hidden_norm``, as EAGLE's own
+    trainer and SGLang build it, and vLLM when the config says ``norm_before_residual: false``), a final norm and
+    its own output head over ``token_ids`` (default: the target's whole vocabulary), started from the target's
+    rows."""
     torch.manual_seed(seed)
     layout = HeadLayout(EAGLE3, default_taps(target.config.num_hidden_layers), head_config(target), token_ids,
-                        norm_before_residual=True)
+                        norm_before_residual=False)
     head = EagleHead(layout, target.config.hidden_size, fc_bias=False)
     weight = kernels.output_weight(target)
     rows = weight[torch.as_tensor(token_ids, device=weight.device)] if token_ids else weight  # [vocab, H]
@@ -416,23 +417,70 @@ def describe(arg: str) -> tuple[str, int | None]:
     return variant, len(meta["token_ids"]) if meta.get("token_ids") else None
 
 
-def vllm_differences(arg: str) -> str | None:
-    """What vLLM's reader of the head ``arg`` would read differently from our loader (an EAGLE-1 ``fc`` bias, which
-    its ``llama_eagle`` has none of; our reduced vocabulary, which it ignores; a speculators config without the
-    proposal method vLLM validates), or None: ``zoo export --to vllm`` writes it as vLLM reads it."""
+SERVERS = ("vllm", "sglang")
+TOKEN_MAP = "token_map.pt"
+"""Beside an EAGLE-1 head exported for SGLang: its reduced vocabulary as SGLang's ``--speculative-token-map``."""
+
+
+def server_differences(arg: str, server: str) -> str | None:
+    """What ``server``'s reader (:data:`SERVERS`) of the head ``arg`` would read differently from our loader, or None:
+    then it serves the head as it is; else ``zoo export --to SERVER`` writes it as that server reads it."""
     directory = _directory(arg)
-    config, state, meta = read_checkpoint(directory)
-    found = []
-    if variant_of(config, state) == EAGLE3:
-        methods = (config.get("speculators_config") or {}).get("proposal_methods") or [{}]
-        if "speculators_model_type" in config and "speculative_tokens" not in methods[0]:
-            found.append("no speculators_config.proposal_methods[0].speculative_tokens")
-    else:
-        if "fc.bias" in state:
-            found.append("an fc bias its eagle reader drops")
-        if meta.get("token_ids"):
-            found.append(f"a {len(meta['token_ids'])}-token vocabulary it ignores")
+    config = read_json(directory / "config.json", WHAT)
+    keys = weight_names(directory, WEIGHT_FILES, WHAT)
+    meta = read_json(directory / HEAD_FILE, WHAT) if (directory / HEAD_FILE).is_file() else {}
+    eagle3 = variant_of(config, keys) == EAGLE3
+    found = (_vllm_differences if server == "vllm" else _sglang_differences)(config, keys, meta, eagle3, directory)
     return "; ".join(found) or None
+
+
+def _vllm_differences(config: dict, keys: set[str], meta: dict, eagle3: bool, directory: Path) -> list[str]:
+    """vLLM (``llama_eagle``, ``llama_eagle3``, its speculators config): an EAGLE-1 ``fc`` bias, which it builds
+    none of; our reduced vocabulary, which it ignores; a speculators config without the proposal method it
+    validates."""
+    if eagle3:
+        methods = (config.get("speculators_config") or {}).get("proposal_methods") or [{}]
+        missing = "speculators_model_type" in config and "speculative_tokens" not in methods[0]
+        return ["no speculators_config.proposal_methods[0].speculative_tokens"] if missing else []
+    found = ["an fc bias its eagle reader drops"] if "fc.bias" in keys else []
+    if meta.get("token_ids"):
+        found.append(f"a {len(meta['token_ids'])}-token vocabulary it ignores")
+    return found
+
+
+def sglang_taps(config: dict) -> list[int] | None:
+    """The target layers whose inputs SGLang feeds an EAGLE-3 head: it reads only ``eagle_config``'s ids, as layer
+    outputs (it taps the input of id + 1; ``set_eagle3_layers_to_capture``); None: its default, as ours."""
+    listed = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    return sorted(i + 1 for i in listed) if listed else None
+
+
+SGLANG_EAGLE3 = {"fc.weight", "norm.weight", "lm_head.weight", "embed_tokens.weight", "d2t", "t2d"}
+"""What SGLang's ``LlamaForCausalLMEagle3.load_weights`` reads besides ``midlayer.*`` (its one decoder layer, without
+attention biases): any other key it skips without a word."""
+
+
+def _sglang_differences(config: dict, keys: set[str], meta: dict, eagle3: bool, directory: Path) -> list[str]:
+    """SGLang (``llama_eagle3``): weights it does not read (:data:`SGLANG_EAGLE3`: speculators' ``layers.*``, an
+    input norm, later layers, attention biases), a residual taken after ``hidden_norm``, tap ids it reads otherwise;
+    (``llama_eagle``): no ``fc`` bias (it builds one), a config ``bias``/``attention_bias`` without attention biases
+    (it builds them from that flag), our reduced vocabulary without its token map."""
+    if eagle3:
+        dropped = sorted(k for k in keys if k not in IGNORED and k.removeprefix("model.") not in SGLANG_EAGLE3
+                         and not (k.startswith("midlayer.") and not k.endswith("_proj.bias")))
+        found = [f"weights it drops ({', '.join(dropped[:3])}{', ...' if len(dropped) > 3 else ''})"] if dropped else []
+        if norm_before_residual(config):
+            found.append("a residual taken after hidden_norm (norm_before_residual), which it takes before")
+        if sglang_taps(config) != eagle3_taps(config):
+            found.append("tap ids it reads otherwise (only eagle_config's, as layer outputs)")
+        return found
+    biases = any(k.startswith("layers.0.self_attn.") and k.endswith("_proj.bias") for k in keys)
+    found = [] if "fc.bias" in keys else ["no fc bias (it builds one)"]
+    if (config.get("bias") or config.get("attention_bias")) and not biases:
+        found.append("config bias without attention biases (it builds them from that flag)")
+    if meta.get("token_ids") and not (directory / TOKEN_MAP).is_file():
+        found.append(f"a {len(meta['token_ids'])}-token vocabulary it reads only from a token map")
+    return found
 
 
 def read_layout(directory: Path, config: dict, weights: dict[str, torch.Tensor], meta: dict, target) -> HeadLayout:

@@ -28,14 +28,15 @@ from specdraft_eval.engine.drafter import static_tree
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.measure.stats import GenerationStats
 
+SERVER_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
 COUNTERS = ("spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens",
             "spec_decode_num_accepted_tokens_per_pos", "generation_tokens", "request_success")
 
 
-def _eagle(arg: str | None):
+def _eagle(arg: str | None, server: str):
     """(head directory, absolute, or hub id; its :class:`~specdraft_eval.drafts.eagle.TreeShape` or None; its
-    variant; what vLLM would read differently from our loader, or None)."""
-    from specdraft_eval.drafts.eagle import describe, split, vllm_differences
+    variant), or a one-line error where ``server`` would read the head differently from our loader."""
+    from specdraft_eval.drafts.eagle import describe, server_differences, split
 
     where, tree = split(arg or "")
     local = Path(where).expanduser()
@@ -43,7 +44,12 @@ def _eagle(arg: str | None):
         from specdraft_eval import published
 
         local = published.base() / where  # a shipped head, named as the published results name it
-    return (str(local.resolve()) if local.is_dir() else where), tree, describe(where)[0], vllm_differences(where)
+    path = str(local.resolve()) if local.is_dir() else where
+    differences = server_differences(where, server)
+    if differences:
+        raise SpecdecError(f"{SERVER_NAMES[server]} would run head {path} differently ({differences}): write it as it "
+                           f"reads it with `zoo export {path} --to {server} --out DIR` and map eagle:DIR")
+    return path, tree, describe(where)[0]
 
 
 def speculative_config(draft: str, num_draft_tokens: int) -> dict:
@@ -78,10 +84,7 @@ def speculative_config(draft: str, num_draft_tokens: int) -> dict:
     if kind == "ngram":
         raise SpecdecError(f"vLLM has no n-gram-table draft ({draft}): serve prompt-lookup (vLLM's ngram) instead")
     if kind == "eagle":
-        where, tree, method, differences = _eagle(arg)
-        if differences:
-            raise SpecdecError(f"vLLM would run head {where} differently ({differences}): write it as vLLM reads it "
-                               f"with `zoo export {where} --to vllm --out DIR` and map eagle:DIR")
+        where, tree, method = _eagle(arg, "vllm")
         config = {"method": method, "model": where, "num_speculative_tokens": num_draft_tokens}
         if tree is not None:
             config["speculative_token_tree"] = str(static_tree(tree.topk, tree.depth, num_draft_tokens))
@@ -99,15 +102,20 @@ def speculative_config(draft: str, num_draft_tokens: int) -> dict:
 
 def sglang_args(draft: str, num_draft_tokens: int) -> dict:
     """SGLang's server arguments (``sglang.launch_server`` flags, as keys) for one of our draft specs: an EAGLE head
-    (chain: top-1, γ steps; ``@KxD``: top-K, D steps, γ nodes plus the root verified) or a draft model; a one-line
-    error for the kinds SGLang has no counterpart of."""
+    (chain: top-1, γ steps; ``@KxD``: top-K, D steps, γ nodes plus the root verified; its token map where ``zoo
+    export --to sglang`` wrote one) or a draft model; a one-line error for the kinds SGLang has no counterpart of, or
+    for a head it would read differently from our loader."""
+    from specdraft_eval.drafts.eagle import TOKEN_MAP
+
     spec = DraftSpec.parse(draft)
     if spec.kind == "eagle":
-        where, tree, method, _ = _eagle(spec.arg)
+        where, tree, method = _eagle(spec.arg, "sglang")
         topk, steps = (tree.topk, tree.depth) if tree else (1, num_draft_tokens)
-        return {"speculative-algorithm": "EAGLE3" if method == "eagle3" else "EAGLE",
+        args = {"speculative-algorithm": "EAGLE3" if method == "eagle3" else "EAGLE",
                 "speculative-draft-model-path": where, "speculative-num-steps": steps,
                 "speculative-eagle-topk": topk, "speculative-num-draft-tokens": num_draft_tokens + 1}
+        token_map = Path(where) / TOKEN_MAP
+        return args | ({"speculative-token-map": str(token_map)} if token_map.is_file() else {})
     if spec.kind == MODEL:
         return {"speculative-algorithm": "STANDALONE", "speculative-draft-model-path": spec.arg,
                 "speculative-num-steps": num_draft_tokens, "speculative-eagle-topk": 1,
