@@ -152,3 +152,67 @@ def test_train_head_kind_medusa_learns_and_its_heads_load_and_stay_lossless(tmp_
     for prompt in SEQUENCES:
         assert speculative_generate(loaded.model, draft, prompt, 30, num_draft_tokens=4)[0] == \
             autoregressive_generate(loaded.model, prompt, 30)[0]
+
+
+# --- vLLM's Medusa reader (model_executor/models/medusa.py, transformers_utils/configs/medusa.py), from its source ---
+
+
+def vllm_medusa_config(config: dict) -> dict:
+    """MedusaConfig.from_pretrained: every key with 'num' and 'heads' becomes num_heads, with 'num' and 'layers'
+    num_hidden_layers."""
+    out = dict(config)
+    for key in list(out):
+        if "num" in key and "heads" in key:
+            out["num_heads"] = out.pop(key)
+        elif "num" in key and "layers" in key:
+            out["num_hidden_layers"] = out.pop(key)
+    return out
+
+
+def vllm_medusa_chain(state: dict, config: dict, hidden: torch.Tensor) -> list[int]:
+    """Medusa.forward + compute_logits + sample: head i a ResidualBlock (num_hidden_layers linear layers, x + SiLU(
+    layer(x)) each, a bias only with medusa_fc_bias) then lm_heads[i]; top-1 per head."""
+    state = {k.removeprefix("medusa_heads."): v.float() for k, v in state.items()}
+    tokens = []
+    for i in range(config["num_heads"]):
+        x = hidden
+        for j in range(config["num_hidden_layers"]):
+            bias = state[f"blocks.{i}.layers.{j}.bias"] if config.get("medusa_fc_bias") else 0
+            x = x + torch.nn.functional.silu(x @ state[f"blocks.{i}.layers.{j}.weight"].T + bias)
+        tokens.append(int((x @ state[f"lm_heads.{i}.weight"].T).argmax()))
+    return tokens
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_a_vllm_export_is_what_vllms_medusa_reads_and_drafts_the_same_chain(tmp_path, target, layers):
+    """Every key the export writes is a parameter of vLLM's Medusa (its names, bias by medusa_fc_bias), the whole
+    vocabulary (truncated_vocab_size = vocab_size: no token map), and vLLM's forward on the exported weights drafts
+    our chain from the original; the serving mapping takes the export, chains only."""
+    from safetensors.torch import load_file
+
+    from specdraft_eval.integration.serving import speculative_config
+    from zoo.export import export_head
+
+    original = write_medusa(tmp_path / "heads", target, layers=layers)
+    with pytest.raises(SpecdecError, match="zoo export .* --to vllm"):
+        speculative_config(f"medusa:{original}@1", 3)
+    result = export_head(original, "vllm", tmp_path / "vllm")
+    out = Path(result.path)
+    config = vllm_medusa_config(json.loads((out / "config.json").read_text()))
+    state = load_file(str(out / "model.safetensors"))
+    params = {f"blocks.{i}.layers.{j}.{p}" for i in range(3) for j in range(layers)
+              for p in (("weight", "bias") if config.get("medusa_fc_bias") else ("weight",))}
+    params |= {f"lm_heads.{i}.weight" for i in range(3)}
+    assert config["model_type"] == "medusa" and set(state) == params
+    assert config["truncated_vocab_size"] == config["vocab_size"] == VOCAB and config["hidden_size"] == HIDDEN
+    for tokens in SEQUENCES:
+        with torch.no_grad():
+            hidden = target(torch.tensor([tokens[:-1]]), output_hidden_states=True).hidden_states[-1][0, -1]
+        chain = drafted(original, target, tokens, 3, "@1")[0]
+        assert vllm_medusa_chain(state, config, hidden) == chain == drafted(out, target, tokens, 3, "@1")[0]
+    assert speculative_config(f"medusa:{out}@1", 3) == result.serve | {"num_speculative_tokens": 3}
+    assert result.serve["method"] == "medusa"
+    with pytest.raises(SpecdecError, match="top-1 chains"):
+        speculative_config(f"medusa:{out}", 3)
+    with pytest.raises(SpecdecError, match="sglang has no Medusa reader"):
+        export_head(original, "sglang", tmp_path / "sglang")

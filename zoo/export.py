@@ -1,4 +1,4 @@
-"""``zoo export DIR --to vllm|sglang``: an EAGLE head as vLLM or SGLang loads it, as it is.
+"""``zoo export DIR --to vllm|sglang``: an EAGLE head as vLLM or SGLang loads it, as it is (Medusa heads: vLLM).
 
 vLLM's readers (``model_executor/models/llama_eagle.py``, ``llama_eagle3.py``) differ from what ``zoo train-head``
 and the EAGLE repository write: its EAGLE-1 ``fc`` has no bias and its attention biases come from the config's
@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from specdraft_eval.drafts import medusa
 from specdraft_eval.drafts.eagle import (
     EAGLE3,
     HEAD_FILE,
@@ -88,6 +89,8 @@ def export_head(head: Path, to: str, out: Path) -> Export:
         raise SpecdecError(f"--to {to!r}: exports go to {', '.join(SERVERS)}")
     if out.exists():
         raise SpecdecError(f"--out {out} exists: give a new directory")
+    if medusa.is_medusa(head):
+        return _medusa(head, to, out)
     config, state, meta = read_checkpoint(head)
     variant = variant_of(config, state)
     written, state, files, notes = (_vllm if to == "vllm" else _sglang)(head, config, state, meta, variant)
@@ -101,6 +104,31 @@ def export_head(head: Path, to: str, out: Path) -> Export:
     draft = f"eagle:{out.resolve()}"
     serve = speculative_config(draft, _depth(written)) if to == "vllm" else sglang_args(draft, _depth(written))
     return Export(str(out.resolve()), to, EAGLE3 if variant == EAGLE3 else "eagle", serve, notes)
+
+
+def _medusa(head: Path, to: str, out: Path) -> Export:
+    """Medusa heads in vLLM's layout (``model_executor/models/medusa.py``, ``MedusaConfig``): ``blocks.i.layers.j``
+    (the one ResBlock applied L times written at each j, with ``medusa_fc_bias``), ``lm_heads.i``, the whole
+    vocabulary. SGLang has no Medusa reader."""
+    if to != "vllm":
+        raise SpecdecError(f"{to} has no Medusa reader: export Medusa heads --to vllm, or serve an EAGLE head there")
+    heads, config = medusa.read_heads(head)
+    state = {f"lm_heads.{i}.weight": out_layer.weight for i, out_layer in enumerate(heads.out)}
+    for i, block in enumerate(heads.blocks):
+        for j in range(heads.layers):
+            state |= {f"blocks.{i}.layers.{j}.weight": block.weight.clone(),  # one tensor per name
+                      f"blocks.{i}.layers.{j}.bias": block.bias.clone()}
+    hidden, vocab = heads.out[0].in_features, heads.out[0].out_features
+    written = {"model_type": "medusa", "architectures": ["MedusaModel"], "hidden_size": hidden, "vocab_size": vocab,
+               "num_heads": len(heads.out), "num_hidden_layers": heads.layers, "truncated_vocab_size": vocab,
+               "medusa_fc_bias": True, **{k: v for k, v in config.items() if k == "medusa_choices"}}
+    from safetensors.torch import save_file
+
+    with atomic_output(out, directory=True) as tmp:
+        save_file({k: v.detach().contiguous() for k, v in state.items()}, str(tmp / "model.safetensors"))
+        (tmp / "config.json").write_text(json.dumps(written, indent=1))
+    return Export(str(out.resolve()), to, "medusa", speculative_config(f"medusa:{out.resolve()}@1", len(heads.out)),
+                  ["vLLM's Medusa proposer drafts top-1 chains: serve it as medusa:DIR@1 (its trees run here)"])
 
 
 def _depth(config: dict) -> int:

@@ -1,11 +1,13 @@
 """``medusa:DIR``: Medusa heads (FasterDecoding/Medusa), drafting a static token tree from the target's own last
 hidden state.
 
-Layout read (``medusa/model/medusa_model.py``): ``config.json`` with ``medusa_num_heads`` K and
-``medusa_num_layers`` L, and ``medusa_lm_head.pt`` (or ``.safetensors``) holding, per head i, ``i.j.linear.{weight,
-bias}`` for its ResBlocks (x + SiLU(W·x + b), H -> H; upstream builds them as one block repeated L times, so one set
-of weights serves every j: the last one loaded, as ``load_state_dict`` leaves it) and ``i.L.weight`` its output layer
-(H -> vocabulary, no bias). Head i reads the target's last hidden state (after the final norm) at position t and
+Layouts read: FasterDecoding/Medusa's (``medusa/model/medusa_model.py``): ``config.json`` with ``medusa_num_heads``
+K and ``medusa_num_layers`` L, and ``medusa_lm_head.pt`` (or ``.safetensors``) holding, per head i,
+``i.j.linear.{weight, bias}`` for its ResBlocks (x + SiLU(W·x + b), H -> H; upstream builds them as one block
+repeated L times, so one set of weights serves every j) and ``i.L.weight`` its output layer (H -> vocabulary, no
+bias); vLLM's (``model_executor/models/medusa.py``, what ``zoo export --to vllm`` writes): ``model_type: medusa``,
+``num_heads``, ``num_hidden_layers``, ``medusa_fc_bias``, weights ``blocks.i.layers.j`` and ``lm_heads.i`` (its
+blocks must be equal across j: we apply one block L times). Head i reads the target's last hidden state (after the final norm) at position t and
 predicts the token at t + 2 + i (the target's own head predicts t + 1).
 
 The tree: path (r_0, ..., r_d) is the r_d-th likeliest token of head d below the path (r_0, ..., r_{d-1}) (heads do
@@ -104,35 +106,65 @@ def closed(paths: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
     return sorted(kept, key=lambda p: (len(p), p))
 
 
-def load_heads(directory: Path, target) -> tuple[MedusaHeads, dict]:
-    """Read Medusa heads strictly (every key read or the heads refused in one line) for ``target``."""
+def read_heads(directory: Path) -> tuple[MedusaHeads, dict]:
+    """Medusa heads read strictly from either layout (every key read, or the heads refused in one line naming the
+    key), and their config."""
     if not (directory / "config.json").is_file():
         raise SpecdecError(f"Medusa heads {directory} have no config.json: point at a Medusa head directory")
     config, state = read_json(directory / "config.json", WHAT), read_weights(directory, HEAD_FILES, WHAT)
+    vllm = config.get("model_type") == "medusa"
     try:
-        heads, layers = int(config["medusa_num_heads"]), int(config.get("medusa_num_layers", 1))
+        heads = int(config["num_heads" if vllm else "medusa_num_heads"])
+        layers = int(config.get("num_hidden_layers" if vllm else "medusa_num_layers", 1))
     except (KeyError, TypeError, ValueError):
-        raise SpecdecError(f"Medusa heads {directory}: config.json lacks medusa_num_heads: not a Medusa head "
-                           "directory") from None
-    hidden, vocab = target.config.hidden_size, target.config.vocab_size
-    expected = {f"{i}.{j}.linear.{p}" for i in range(heads) for j in range(layers) for p in ("weight", "bias")}
-    expected |= {f"{i}.{layers}.weight" for i in range(heads)}
+        raise SpecdecError(f"Medusa heads {directory}: config.json lacks medusa_num_heads (num_heads in vLLM's "
+                           "layout): not a Medusa head directory") from None
+    if vllm:  # vLLM's medusa.py: blocks.i.layers.j (bias with medusa_fc_bias), lm_heads.i; medusa_heads. stripped
+        state = {k.removeprefix("medusa_heads."): v for k, v in state.items()}
+        parts = ("weight", "bias") if config.get("medusa_fc_bias") else ("weight",)
+        expected = {f"blocks.{i}.layers.{j}.{p}" for i in range(heads) for j in range(layers) for p in parts}
+        expected |= {f"lm_heads.{i}.weight" for i in range(heads)}
+        block, out = "blocks.{i}.layers.{j}.", "lm_heads.{i}.weight"
+    else:  # FasterDecoding/Medusa: i.j.linear for its ResBlock slots, i.L its output layer
+        expected = {f"{i}.{j}.linear.{p}" for i in range(heads) for j in range(layers) for p in ("weight", "bias")}
+        expected |= {f"{i}.{layers}.weight" for i in range(heads)}
+        block, out = "{i}.{j}.linear.", "{i}." + str(layers) + ".weight"
     unknown, missing = sorted(set(state) - expected), sorted(expected - set(state))
     if unknown or missing:
-        what = f"has weights Medusa's layout does not name: {', '.join(unknown[:3])}" if unknown else \
+        what = f"has weights its layout does not name: {', '.join(unknown[:3])}" if unknown else \
             f"lacks {', '.join(missing[:3])}"
         raise SpecdecError(f"Medusa heads {directory} {what} (config: {heads} heads, {layers} layers): use heads "
-                           "saved by FasterDecoding/Medusa")
-    module = MedusaHeads(heads, layers, hidden, vocab)
-    weights = {}
+                           "saved by FasterDecoding/Medusa or vLLM's Medusa layout")
+    hidden, vocab = state[out.format(i=0)].shape[1], state[out.format(i=0)].shape[0]
+    module, weights = MedusaHeads(heads, layers, hidden, vocab), {}
     for i in range(heads):
-        block = f"{i}.{layers - 1}.linear."  # upstream's one shared block: the last of its keys loaded wins
-        weights[f"blocks.{i}.weight"] = state[block + "weight"] if layers else torch.zeros(hidden, hidden)
-        weights[f"blocks.{i}.bias"] = state[block + "bias"] if layers else torch.zeros(hidden)
-        weights[f"out.{i}.weight"] = state[f"{i}.{layers}.weight"]
+        slots = [block.format(i=i, j=j) for j in range(layers)]
+        if any(not torch.equal(state[slot + p], state[slots[0] + p]) for slot in slots for p in ("weight", "bias")
+               if slot + p in state):
+            raise SpecdecError(f"Medusa heads {directory}: head {i}'s {layers} ResBlocks differ; we read one block "
+                               "applied L times (FasterDecoding/Medusa's): use heads trained that way")
+        weights[f"blocks.{i}.weight"] = state[slots[0] + "weight"] if layers else torch.zeros(hidden, hidden)
+        weights[f"blocks.{i}.bias"] = state.get(slots[0] + "bias", torch.zeros(hidden)) if layers else torch.zeros(hidden)
+        weights[f"out.{i}.weight"] = state[out.format(i=i)]
     load_into(module, weights, directory, WHAT)
+    return module, config
+
+
+def load_heads(directory: Path, target) -> tuple[MedusaHeads, dict]:
+    """:func:`read_heads`, checked against ``target``'s width and vocabulary, on its device and dtype."""
+    module, config = read_heads(directory)
+    hidden, vocab = module.out[0].in_features, module.out[0].out_features
+    if (hidden, vocab) != (target.config.hidden_size, target.config.vocab_size):
+        raise SpecdecError(f"Medusa heads {directory} are {hidden} wide over {vocab} tokens; the target is "
+                           f"{target.config.hidden_size} over {target.config.vocab_size}: use heads trained for it")
     param = next(target.parameters())
     return module.to(param.device, param.dtype).eval().requires_grad_(False), config
+
+
+def is_medusa(directory: Path) -> bool:
+    """Whether ``directory`` holds Medusa heads (either layout) by its config."""
+    config = read_json(directory / "config.json", WHAT) if (directory / "config.json").is_file() else {}
+    return "medusa_num_heads" in config or config.get("model_type") == "medusa"
 
 
 def build(arg: str | None, target: Target) -> MedusaDrafter:

@@ -90,8 +90,18 @@ def speculative_config(draft: str, num_draft_tokens: int) -> dict:
             config["speculative_token_tree"] = str(static_tree(tree.topk, tree.depth, num_draft_tokens))
         return config
     if kind == "medusa":
-        raise SpecdecError(f"vLLM reads Medusa heads in its own layout, which `zoo export` does not write yet ({draft}): "
-                           "serve an EAGLE head or a draft model")
+        from specdraft_eval.drafts.checkpoint import read_json
+        from specdraft_eval.drafts.spec import split_shape
+
+        where, shape = split_shape(arg or "")
+        path = Path(where).expanduser()
+        config = read_json(path / "config.json", "Medusa head") if (path / "config.json").is_file() else {}
+        if config.get("model_type") != "medusa":
+            raise SpecdecError(f"vLLM reads Medusa heads in its own layout ({draft}): write them so with `zoo export "
+                               f"{where} --to vllm --out DIR` and map medusa:DIR@1")
+        if shape != "1":
+            raise SpecdecError(f"vLLM's Medusa proposer drafts top-1 chains, not trees ({draft}): map medusa:{where}@1")
+        return {"method": "medusa", "model": str(path.resolve()), "num_speculative_tokens": num_draft_tokens}
     if kind == AUTO:
         raise SpecdecError("resolve draft=auto first (`zoo recommend`), then map the draft it names")
     if kind != MODEL:
