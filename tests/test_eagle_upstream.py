@@ -40,8 +40,9 @@ def _linear(draw: torch.Generator, out: int, into: int) -> torch.Tensor:
 
 
 def _layer(draw: torch.Generator, prefix: str, hidden: int, heads: int, kv_heads: int, qkv_in: int,
-           first_eagle3: bool, qkv_bias: bool = False) -> dict[str, torch.Tensor]:
-    """One decoder layer's keys as upstream names them (``hidden_norm`` only on EAGLE-3's first layer)."""
+           first_eagle3: bool, qkv_bias: bool = False, qk_norm: bool = False) -> dict[str, torch.Tensor]:
+    """One decoder layer's keys as upstream names them (``hidden_norm`` only on EAGLE-3's first layer; Qwen3's
+    ``q_norm``/``k_norm`` over the head dimension)."""
     dim = hidden // heads
     state = {f"{prefix}self_attn.q_proj.weight": _linear(draw, heads * dim, qkv_in),
              f"{prefix}self_attn.k_proj.weight": _linear(draw, kv_heads * dim, qkv_in),
@@ -57,6 +58,9 @@ def _layer(draw: torch.Generator, prefix: str, hidden: int, heads: int, kv_heads
     if qkv_bias:
         for name, rows in (("q", heads * dim), ("k", kv_heads * dim), ("v", kv_heads * dim)):
             state[f"{prefix}self_attn.{name}_proj.bias"] = 0.1 * torch.randn(rows, generator=draw)
+    if qk_norm:
+        state[f"{prefix}self_attn.q_norm.weight"], state[f"{prefix}self_attn.k_norm.weight"] = _norm(draw, dim), \
+            _norm(draw, dim)
     return state
 
 
@@ -71,12 +75,12 @@ DRAFT_IDS = [0, 1, 2, 5, 8, 13, 21, 34, 40, 50, 63]
 
 def write_eagle3(path: Path, *, layers: int = 1, norm_before_residual: bool | None = None, norm_before_fc: bool = False,
                  width: int = HIDDEN, taps: list[int] | None = None, taps_under: str = "top", midlayer: bool = False,
-                 embedding: bool = False, extra: dict | None = None, seed: int = 7) -> Path:
+                 embedding: bool = False, extra: dict | None = None, seed: int = 7, family: str = "llama") -> Path:
     """An EAGLE-3 head as speculators saves it (``midlayer``: as the EAGLE repository does): ``fc`` [H, 3·Ht],
     optional ``input_norm`` (``norm_before_fc``), ``layers.N`` (the first with a 2H attention input and
     ``hidden_norm``), ``norm``, ``lm_head`` over the draft vocabulary, ``d2t`` (offsets) and ``t2d``, the training
     copies of the verifier's norm and head; ``embedding``: its own ``embed_tokens`` (required when ``width`` differs
-    from the target's)."""
+    from the target's); ``family``: the layers' (``qwen3``: q/k norms; ``qwen2``: q/k/v biases)."""
     draw = torch.Generator().manual_seed(seed)
     heads, kv_heads = (HEADS, KV_HEADS) if width == HIDDEN else (2, 1)
     state = {"fc.weight": _linear(draw, width, 3 * HIDDEN), "norm.weight": _norm(draw, width),
@@ -85,7 +89,8 @@ def write_eagle3(path: Path, *, layers: int = 1, norm_before_residual: bool | No
              "t2d": torch.isin(torch.arange(VOCAB), torch.tensor(DRAFT_IDS)),
              "verifier_norm.weight": torch.ones(HIDDEN), "verifier_lm_head.weight": torch.randn(VOCAB, HIDDEN)}
     for i in range(layers):
-        state |= _layer(draw, f"layers.{i}.", width, heads, kv_heads, 2 * width if i == 0 else width, i == 0)
+        state |= _layer(draw, f"layers.{i}.", width, heads, kv_heads, 2 * width if i == 0 else width, i == 0,
+                        qkv_bias=family == "qwen2", qk_norm=family == "qwen3")
     if norm_before_fc:
         state["input_norm.weight"] = _norm(draw, 3 * HIDDEN)
     if embedding:
@@ -97,7 +102,7 @@ def write_eagle3(path: Path, *, layers: int = 1, norm_before_residual: bool | No
     from safetensors.torch import save_file
 
     save_file(state, str(path / "model.safetensors"))
-    layer = _layer_config(width, heads, kv_heads, layers)
+    layer = {**_layer_config(width, heads, kv_heads, layers), "model_type": family}
     listed = taps or [2, 3, 1]
     if midlayer:  # the EAGLE repository's config: the layer's fields at the top
         config = {**layer, "draft_vocab_size": len(DRAFT_IDS), "eagle_aux_hidden_state_layer_ids": listed}
@@ -157,7 +162,10 @@ def attention(h: torch.Tensor, w: dict, prefix: str, heads: int, kv_heads: int) 
         return out.view(len(h), count, -1)
 
     positions = torch.arange(len(h))
-    q, k, v = rope(proj("q", heads), positions), rope(proj("k", kv_heads), positions), proj("v", kv_heads)
+    q, k, v = proj("q", heads), proj("k", kv_heads), proj("v", kv_heads)
+    if f"{prefix}q_norm.weight" in w:  # Qwen3: RMS norm per head before RoPE
+        q, k = rms(q, w[f"{prefix}q_norm.weight"]), rms(k, w[f"{prefix}k_norm.weight"])
+    q, k = rope(q, positions), rope(k, positions)
     k, v = k.repeat_interleave(heads // kv_heads, 1), v.repeat_interleave(heads // kv_heads, 1)
     scores = torch.einsum("thd,shd->hts", q, k) / math.sqrt(q.shape[-1])
     scores = scores + torch.full((len(h), len(h)), float("-inf")).triu(1)
@@ -259,6 +267,8 @@ VARIANTS = {  # name: (write_eagle3 arguments, the reference's layers, width, no
     "narrow-own-embedding": (dict(width=16, embedding=True), 1, 16, True),
     "taps-under-eagle-config": (dict(taps_under="eagle_config", taps=[4, 1, 3]), 1, HIDDEN, True),
     "eagle-repository-midlayer": (dict(midlayer=True), 1, HIDDEN, False),
+    "qwen3-layers": (dict(family="qwen3", layers=2, norm_before_residual=False), 2, HIDDEN, False),
+    "qwen2-layers": (dict(family="qwen2"), 1, HIDDEN, True),
 }
 
 
@@ -323,7 +333,8 @@ def test_the_engine_hands_an_eagle3_head_the_inputs_of_its_layers_in_ascending_o
 
 @pytest.mark.parametrize("change,message", [
     (dict(extra={"fc_norm.weight": torch.ones(HIDDEN)}), "does not model: fc_norm.weight"),
-    (dict(extra={"layers.0.self_attn.q_norm.weight": torch.ones(8)}), "only Llama-layer heads"),
+    (dict(extra={"layers.0.self_attn.q_norm.weight": torch.ones(8)}), "llama decoder layers with q/k norms"),
+    (dict(family="mistral"), "mistral decoder layers without q/k norms"),
     (dict(extra={"embed_tokens.weight": torch.ones(VOCAB, 7)}), "has an embed_tokens of [64, 7]"),
     (dict(width=16), "has no embed_tokens of its own"),
 ])
@@ -494,3 +505,19 @@ def test_an_eagle1_export_for_sglang_is_what_its_reader_reads_and_drafts_the_sam
         for tokens in SEQUENCES:
             reference = reference_eagle1(w, target, tokens, 4, hot=None if token_map is None else token_map.tolist())
             assert reference == ours(original, target, tokens, 4, None) == ours(out, target, tokens, 4, None), name
+
+
+def test_qwen3_layer_heads_load_here_and_are_refused_by_the_servers_exports(tmp_path, target):
+    """Neither vLLM's nor SGLang's EAGLE-3 reader has q/k norms: the mapping names the difference, and both exports
+    refuse in one line, writing nothing."""
+    from specdraft_eval.drafts.eagle import server_differences
+    from zoo.export import export_head
+
+    head = write_eagle3(tmp_path / "head", family="qwen3", norm_before_residual=False)
+    assert "q/k norms" in server_differences(str(head), "vllm")
+    midlayer = write_eagle3(tmp_path / "midlayer", family="qwen3", midlayer=True, taps=[1, 2, 3])
+    assert "midlayer.self_attn.k_norm.weight" in server_differences(str(midlayer), "sglang")
+    for to, message in (("vllm", "vLLM's EAGLE readers build Llama layers"), ("sglang", "q/k norms")):
+        with pytest.raises(SpecdecError, match=message):
+            export_head(head, to, tmp_path / to)
+        assert not (tmp_path / to).exists()

@@ -140,6 +140,9 @@ def _depth(config: dict) -> int:
 def _vllm(head: Path, config: dict, state: dict, meta: dict, variant: str):
     """vLLM: EAGLE-3 in speculators' layout and config; EAGLE-1 with its ``fc`` bias folded into the attention."""
     notes: list[str] = []
+    if any(".q_norm." in k for k in state):
+        raise SpecdecError(f"vLLM's EAGLE readers build Llama layers: head {head} has Qwen3's q/k norms, which they "
+                           "lack; serve it here (draft=eagle:DIR)")
     if variant == EAGLE3:
         layer = dict(config.get("transformer_layer_config") or {k: v for k, v in config.items()
                                                                 if k not in ("draft_vocab_size",)})
@@ -183,6 +186,7 @@ def _sglang(head: Path, config: dict, state: dict, meta: dict, variant: str):
                    if norm_before_residual(config) else "a norm before fc (input_norm)" if "input_norm.weight" in state
                    else f"{len(layers)} decoder layers (SGLang's reader has one)" if len(layers) > 1
                    else "attention biases" if any(k.endswith("_proj.bias") for k in state)
+                   else "q/k norms (Qwen3 layers)" if any(".q_norm." in k for k in state)
                    else "a tap on the target's embedding (layer 0's input), which SGLang's ids cannot name"
                    if taps and 0 in taps else None)
         if refusal:

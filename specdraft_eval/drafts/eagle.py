@@ -34,6 +34,7 @@ from transformers.models.llama.modeling_llama import (
     LlamaRMSNorm,
     LlamaRotaryEmbedding,
 )
+from transformers.models.qwen3.modeling_qwen3 import Qwen3Attention
 
 from specdraft_eval.drafts.checkpoint import load_into, read_json, read_weights, weight_names
 from specdraft_eval.drafts.model import choose
@@ -46,6 +47,9 @@ from specdraft_eval.models import kernels
 from specdraft_eval.models.targets import Target
 
 EAGLE, EAGLE3 = "eagle", "eagle3"
+LAYER_FAMILIES = ("llama", "qwen2", "qwen3")
+"""Decoder layers a head may have: Llama's, Qwen2's (Llama's with q/k/v biases, read from the checkpoint) and Qwen3's
+(q/k norms)."""
 HEAD_FILE = "eagle.json"
 """Beside the weights of a head ``zoo train-head`` built: its format, target, taps and reduced vocabulary."""
 HEAD_FORMAT = "specdraft-eagle/1"
@@ -58,8 +62,9 @@ class HeadLayout:
     """What a head reads and how it is built: ``variant`` (:data:`EAGLE` or :data:`EAGLE3`), the target's hidden
     states it reads (``taps``, ascending), its decoder layers' config (``num_hidden_layers`` of them), its output
     vocabulary as target ids (``token_ids``: None for the target's whole vocabulary), where EAGLE-3's first layer
-    takes its residual (``norm_before_residual``), an RMS norm over the taps before ``fc`` (``norm_before_fc``) and
-    whether it brings its own token embedding (``own_embedding``; else it reads the target's)."""
+    takes its residual (``norm_before_residual``), an RMS norm over the taps before ``fc`` (``norm_before_fc``),
+    whether it brings its own token embedding (``own_embedding``; else it reads the target's) and whether its
+    attention normalises queries and keys per head before RoPE (``qk_norm``: Qwen3's layers)."""
 
     variant: str
     taps: tuple[int, ...]
@@ -69,6 +74,7 @@ class HeadLayout:
     meta: dict = field(default_factory=dict)
     norm_before_fc: bool = False
     own_embedding: bool = False
+    qk_norm: bool = False
 
 
 class Eagle3Layer(nn.Module):
@@ -124,6 +130,12 @@ class EagleHead(nn.Module):
             self.lm_head = nn.Linear(hidden, len(layout.token_ids or []) or config.vocab_size, bias=False)
         rest = [LlamaDecoderLayer(config, layer_idx=i) for i in range(1, config.num_hidden_layers)]
         self.layers = nn.ModuleList([first, *rest])  # later layers: plain decoder layers, as speculators and vLLM
+        if layout.qk_norm:  # Qwen3's attention: the same projections, q and k RMS-normed per head before RoPE
+            for i, layer in enumerate(self.layers):
+                qwen = Qwen3Attention(config, i)
+                for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+                    setattr(qwen, name, getattr(layer.self_attn, name))
+                layer.self_attn = qwen
         self.rotary_emb = LlamaRotaryEmbedding(config)
 
     @property
@@ -441,11 +453,16 @@ def _vllm_differences(config: dict, keys: set[str], meta: dict, eagle3: bool, di
     if eagle3:
         methods = (config.get("speculators_config") or {}).get("proposal_methods") or [{}]
         missing = "speculators_model_type" in config and "speculative_tokens" not in methods[0]
-        return ["no speculators_config.proposal_methods[0].speculative_tokens"] if missing else []
+        found = ["no speculators_config.proposal_methods[0].speculative_tokens"] if missing else []
+        return found + (["q/k norms (Qwen3 layers), which its Llama layers lack"] if _qk_norm(keys) else [])
     found = ["an fc bias its eagle reader drops"] if "fc.bias" in keys else []
     if meta.get("token_ids"):
         found.append(f"a {len(meta['token_ids'])}-token vocabulary it ignores")
     return found
+
+
+def _qk_norm(keys) -> bool:
+    return any(".q_norm." in k or ".k_norm." in k for k in keys)
 
 
 def sglang_taps(config: dict) -> list[int] | None:
@@ -467,7 +484,7 @@ def _sglang_differences(config: dict, keys: set[str], meta: dict, eagle3: bool, 
     (it builds them from that flag), our reduced vocabulary without its token map."""
     if eagle3:
         dropped = sorted(k for k in keys if k not in IGNORED and k.removeprefix("model.") not in SGLANG_EAGLE3
-                         and not (k.startswith("midlayer.") and not k.endswith("_proj.bias")))
+                         and not (k.startswith("midlayer.") and not k.endswith("_proj.bias") and not _qk_norm({k})))
         found = [f"weights it drops ({', '.join(dropped[:3])}{', ...' if len(dropped) > 3 else ''})"] if dropped else []
         if norm_before_residual(config):
             found.append("a residual taken after hidden_norm (norm_before_residual), which it takes before")
@@ -495,10 +512,12 @@ def read_layout(directory: Path, config: dict, weights: dict[str, torch.Tensor],
     except SpecdecError as exc:
         raise SpecdecError(f"EAGLE head {directory}: {exc}") from None
     layer_config = config.get("transformer_layer_config", config) if variant == EAGLE3 else config
-    kind = layer_config.get("model_type", "llama")
-    if kind not in ("llama", None) or any(".q_norm." in k or ".k_norm." in k for k in weights):
-        raise SpecdecError(f"EAGLE head {directory} has {kind} decoder layers (q/k norms): only Llama-layer heads "
-                           "are supported; use a Llama-family head")
+    kind = layer_config.get("model_type") or "llama"
+    qk_norm = _qk_norm(weights)
+    if kind not in LAYER_FAMILIES or qk_norm != (kind == "qwen3"):
+        raise SpecdecError(f"EAGLE head {directory} has {kind} decoder layers{' with' if qk_norm else ' without'} q/k "
+                           f"norms: heads of {', '.join(LAYER_FAMILIES)} layers (q/k norms for qwen3 only) load; use "
+                           "one of those")
     layers = _layer_count(directory, layer_config, weights)
     hidden = layer_config.get("hidden_size", target.config.hidden_size)
     embed = weights.get("embed_tokens.weight")
@@ -519,12 +538,13 @@ def read_layout(directory: Path, config: dict, weights: dict[str, torch.Tensor],
         d2t = weights.get("d2t")
         token_ids = (torch.arange(len(d2t)) + d2t).tolist() if d2t is not None else None
         return HeadLayout(EAGLE3, taps, _llama_config(layer_config, layers), token_ids, norm_before_residual(config),
-                          norm_before_fc=bool(config.get("norm_before_fc", False)), own_embedding=own_embedding)
+                          norm_before_fc=bool(config.get("norm_before_fc", False)), own_embedding=own_embedding,
+                          qk_norm=qk_norm)
     if meta and meta.get("format") != HEAD_FORMAT:
         raise SpecdecError(f"{directory / HEAD_FILE} has format {meta.get('format')!r}, not {HEAD_FORMAT}: "
                            "rebuild the head with zoo train-head")
     return HeadLayout(EAGLE, (FINAL,), _llama_config(config, layers), meta.get("token_ids"), meta=meta,
-                      own_embedding=own_embedding)
+                      own_embedding=own_embedding, qk_norm=qk_norm)
 
 
 def default_taps(depth: int) -> tuple[int, ...]:
