@@ -40,6 +40,8 @@ declare -A configs=(
   [eagle-tree]="$target,draft=eagle:$drafts/smollm2-eagle@2x4,num_draft_tokens=6"  # EAGLE-2: top-2, 4 deep
   [eagle-tree-large]="$target,draft=eagle:$drafts/smollm2-eagle@8x6,num_draft_tokens=24"  # the head's accepted length
   [eagle-tree-xl]="$target,draft=eagle:$drafts/smollm2-eagle@12x7,num_draft_tokens=48"
+  [eagle3]="$target,draft=eagle:$drafts/smollm2-eagle3,num_draft_tokens=4"  # EAGLE-3 (scripts/train_eagle3.sh)
+  [eagle3-tree]="$target,draft=eagle:$drafts/smollm2-eagle3@8x6,num_draft_tokens=24"
   [suffix-ngram_eagle-tree]="$target,draft=suffix:$drafts/smollm2-ngram|eagle:$drafts/smollm2-eagle@2x4,num_draft_tokens=8"
   [prompt-lookup_eagle-tree]="$target,draft=prompt-lookup:2-3|eagle:$drafts/smollm2-eagle@2x4,num_draft_tokens=6"
   [as-target_smollm2-5l-distilled]="pretrained=$drafts/smollm2-5l-distilled,draft=prompt-lookup"  # its accuracy
@@ -56,6 +58,7 @@ order=(prompt-lookup ngram prompt-lookup_ngram layers_0-1 layers_0-4 layers_0-9 
        layers_uniform-5 layers_uniform-10 layers_bi-10 smollm2-5l-distilled smollm2-10l-distilled smollm2-5l-distilled_fixed
        smollm2-10l-distilled_fixed smollm2-5l-bi smollm2-5l-bi-v4096 eagle prompt-lookup_eagle prompt-lookup_eagle_dynamic
        prompt-lookup-tree suffix suffix-ngram eagle-tree eagle-tree-large eagle-tree-xl suffix-ngram_eagle-tree prompt-lookup_eagle-tree
+       eagle3 eagle3-tree
        as-target_smollm2-5l-distilled auto
        lm_target "${models[@]/#/lm_}" sweep)
 names=("${@:-${order[@]}}")
@@ -77,6 +80,10 @@ if wants smollm2-ngram && [ ! -d $drafts/smollm2-ngram ]; then  # shipped in git
 fi
 if wants smollm2-eagle && [ ! -d $drafts/smollm2-eagle ]; then  # shipped in git
   $bin/zoo train-head smollm2-135m-instruct --out $drafts/smollm2-eagle
+fi
+if wants smollm2-eagle3 && [ ! -d $drafts/smollm2-eagle3 ]; then  # shipped in git; 45 minutes here
+  $bin/zoo train-head smollm2-135m-instruct --kind eagle3 --unroll 4 --max-prompts 120 --text python \
+    --text-tokens 200000 --steps 1000 --out $drafts/smollm2-eagle3
 fi
 for name in "${names[@]}"; do
   [ -n "${configs[$name]:-}" ] || { echo "reproduce.sh: unknown configuration $name: use one of ${order[*]}" >&2; exit 2; }

@@ -31,10 +31,13 @@ def test_packed_linear_computes_what_nn_linear_does(bias, shape):
 
 def test_apply_swaps_every_linear_and_plain_keeps_them():
     model = kernels.apply(tiny_llama(seed=0), "plain")
+    count = sum(p.numel() for p in model.parameters())
+    assert kernels.parameter_count(model) == count
     assert kernels.kernels_of(model) == "plain" and any(isinstance(m, torch.nn.Linear) for m in model.modules())
     kernels.apply(model, "onednn")
     assert kernels.kernels_of(model) == "onednn"
     assert not any(isinstance(m, torch.nn.Linear) for m in model.modules())
+    assert kernels.parameter_count(model) == count  # packed weights still counted (ModelFacts, the leaderboard)
     with pytest.raises(SpecdecError, match="kernels='fast' is unknown: use kernels=onednn"):
         kernels.apply(model, "fast")
 

@@ -216,3 +216,14 @@ def test_a_vllm_export_is_what_vllms_medusa_reads_and_drafts_the_same_chain(tmp_
         speculative_config(f"medusa:{out}", 3)
     with pytest.raises(SpecdecError, match="sglang has no Medusa reader"):
         export_head(original, "sglang", tmp_path / "sglang")
+
+
+def test_profile_times_medusa_heads_and_counts_their_weights(tmp_path, target):
+    """zoo profile on Medusa heads (no attention, so no KV cache): timed, their weights counted."""
+    from zoo.timing import engine_latency
+
+    draft = load_draft(f"medusa:{write_medusa(tmp_path / 'heads', target)}@1", Target(target, None))
+    _, drafts = engine_latency(target, [draft], [1, 3], [list(range(2, 20))], 3)
+    timing = drafts[draft.name]
+    assert timing.t_draft.median > 0 and timing.kv_bytes_per_token == 0
+    assert timing.parameters_m * 1e6 == pytest.approx(3 * (HIDDEN * HIDDEN + HIDDEN + VOCAB * HIDDEN))

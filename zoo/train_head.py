@@ -35,6 +35,7 @@ import shutil
 import sysconfig
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -114,14 +115,20 @@ class HeadTraining:
                                f"{self.medusa_heads}, {self.medusa_layers})")
 
 
+def _stored(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Weights as a head is saved: float32 as float16 (half the size; loaded at the target's dtype), others as
+    they are."""
+    return {k: v.detach().cpu().to(torch.float16 if v.dtype == torch.float32 else v.dtype).contiguous()
+            for k, v in state.items()}
+
+
 def save_head(directory: Path, head: EagleHead, meta: dict) -> None:
     """The EAGLE repository's layout (``config.json``, ``model.safetensors``: fc, layers.0; float32 weights stored as
     float16, half the size, loaded at the target's dtype) plus ``eagle.json`` (format, tokenizer fingerprint, output
     vocabulary, how it was trained)."""
     from safetensors.torch import save_file
 
-    state = {k: v.detach().cpu().to(torch.float16 if v.dtype == torch.float32 else v.dtype).contiguous()
-             for k, v in head.state_dict().items() if not k.startswith(("lm_head.", "rotary_emb."))}
+    state = _stored({k: v for k, v in head.state_dict().items() if not k.startswith(("lm_head.", "rotary_emb."))})
     save_file(state, str(directory / "model.safetensors"))
     config = head.config.to_dict()
     config.update(architectures=["LlamaForCausalLM"], bias=head.fc.bias is not None)
@@ -295,11 +302,11 @@ def unrolled_mask(width: int, step: int, device: torch.device, dtype: torch.dtyp
 
 def save_eagle3(directory: Path, head: EagleHead, target_name: str, meta: dict) -> None:
     """speculators' EAGLE-3 layout, as vLLM loads it as it is: ``model.safetensors`` (``fc``, ``layers.0``, ``norm``,
-    ``lm_head`` over the draft vocabulary, ``d2t`` offsets and ``t2d``) and a speculators config (the layer config,
+    ``lm_head`` over the draft vocabulary in float16, ``d2t`` offsets and ``t2d``) and a speculators config (the layer config,
     the taps, ``norm_before_residual``, a greedy proposal method of the unrolled depth, our training record)."""
     from safetensors.torch import save_file
 
-    state = {k: v.detach().cpu().contiguous() for k, v in head.state_dict().items() if not k.startswith("rotary_emb.")}
+    state = _stored({k: v for k, v in head.state_dict().items() if not k.startswith("rotary_emb.")})
     token_ids = meta["token_ids"] or list(range(head.lm_head.out_features))
     state["d2t"] = torch.tensor(token_ids) - torch.arange(len(token_ids))
     state["t2d"] = torch.isin(torch.arange(head.config.vocab_size), torch.tensor(token_ids))
@@ -455,22 +462,8 @@ def train_head(model: str, out: Path, settings: HeadTraining = HeadTraining(), l
     sequences, features = data["sequences"], data["features"]
     token_ids = None if settings.medusa else top_tokens(sequences, settings.vocab_top)
     torch.manual_seed(settings.seed)
-    embed = target.get_input_embeddings()
-    if settings.medusa:
-        head = new_medusa(target, settings)
-    elif settings.kind == "eagle3":
-        head = new_eagle3_head(target, token_ids, settings.seed).float()
-        rows = kernels.output_weight(target).float()
-        rows = rows[torch.as_tensor(token_ids, device=rows.device)] if token_ids else rows  # [head vocab, H]
-    else:
-        head = new_head(target, token_ids, settings.seed).float()
-
-    def losses(ids, feats, noise: bool = True):
-        if settings.medusa:
-            return medusa_losses(head, ids, feats)
-        if settings.kind == "eagle3":
-            return eagle3_losses(head, embed, rows, ids, feats, settings, noise)
-        return head_losses(head, embed, ids, feats, settings, noise)
+    recipe = _recipe(target, model, settings, token_ids)
+    head, losses = recipe.head, recipe.losses
 
     trainable = [p for p in head.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=settings.lr, weight_decay=0.0)
@@ -493,7 +486,7 @@ def train_head(model: str, out: Path, settings: HeadTraining = HeadTraining(), l
         raise
     head.eval()
     agreement = _agreement(lambda ids, feats: losses(ids, feats, noise=False), sequences[-held:], features[-held:],
-                           settings.medusa_heads + 1 if settings.medusa else settings.unrolled + 1, target.device)
+                           recipe.shortest, target.device)
     taps = [t for t in settings.taps(target.config.num_hidden_layers) if t != FINAL] or [FINAL]  # what the head reads
     meta = {"target": model, "vocab": vocab_fingerprint(tokenizer), "taps": taps, "token_ids": token_ids,
             "training": {**asdict(settings), "sequences": len(sequences), "tokens": sum(map(len, sequences)),
@@ -502,15 +495,40 @@ def train_head(model: str, out: Path, settings: HeadTraining = HeadTraining(), l
                          ("top1_agreement_by_head" if settings.medusa else "top1_agreement_by_step"): agreement,
                          "minutes": round((time.perf_counter() - started) / 60, 1)}}
     with atomic_output(out, directory=True) as tmp:
-        if settings.medusa:
-            save_medusa(tmp, head, model, meta)
-        elif settings.kind == "eagle3":
-            save_eagle3(tmp, head, model, {**meta, "training": {**meta["training"], "unroll": settings.unrolled}})
-        else:
-            save_head(tmp, head.to(target.dtype), meta)
+        recipe.save(tmp, meta)
     shutil.rmtree(work.path, ignore_errors=True)
     return {"out": str(out), "draft": f"{'medusa' if settings.medusa else 'eagle'}:{out}", "parameters": sum(p.numel() for p in trainable),
             **meta["training"]}
+
+
+@dataclass
+class _Recipe:
+    """One head kind's training: the head built for the target, its loss ``losses(ids, feats, noise)`` -> (loss,
+    agreement by step or head), how it is saved ``save(directory, meta)``, and how long a held-out sequence must
+    be to measure every step's agreement."""
+
+    head: torch.nn.Module
+    losses: Callable[..., tuple[torch.Tensor, list[float]]]
+    save: Callable[[Path, dict], None]
+    shortest: int
+
+
+def _recipe(target, model: str, settings: HeadTraining, token_ids: list[int] | None) -> _Recipe:
+    embed = target.get_input_embeddings()
+    if settings.medusa:
+        heads = new_medusa(target, settings)
+        return _Recipe(heads, lambda ids, feats, noise=True: medusa_losses(heads, ids, feats),
+                       lambda tmp, meta: save_medusa(tmp, heads, model, meta), settings.medusa_heads + 1)
+    if settings.kind == "eagle3":
+        head = new_eagle3_head(target, token_ids, settings.seed).float()
+        rows = kernels.output_weight(target).float()
+        rows = rows[torch.as_tensor(token_ids, device=rows.device)] if token_ids else rows  # [head vocab, H]
+        return _Recipe(head, lambda ids, feats, noise=True: eagle3_losses(head, embed, rows, ids, feats, settings, noise),
+                       lambda tmp, meta: save_eagle3(tmp, head, model, {**meta, "training": {
+                           **meta["training"], "unroll": settings.unrolled}}), settings.unrolled + 1)
+    head = new_head(target, token_ids, settings.seed).float()
+    return _Recipe(head, lambda ids, feats, noise=True: head_losses(head, embed, ids, feats, settings, noise),
+                   lambda tmp, meta: save_head(tmp, head.to(target.dtype), meta), settings.unrolled + 1)
 
 
 @torch.no_grad()

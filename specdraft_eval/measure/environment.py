@@ -6,6 +6,8 @@ import platform
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 
+from specdraft_eval.models.kernels import parameter_count
+
 PACKAGES = ("specdraft-eval", "lm-eval", "torch", "transformers")
 
 
@@ -63,9 +65,10 @@ class ModelFacts:
     def of(cls, model) -> ModelFacts:
         if model is None:
             return cls()
-        c = model.config
+        c, count = getattr(model, "config", None), parameter_count(model) / 1e6
+        if c is None:  # no attention, so no KV cache (Medusa's heads)
+            return cls(count)
         heads = c.num_attention_heads
         kv_heads = getattr(c, "num_key_value_heads", None) or heads
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
-        return cls(sum(p.numel() for p in model.parameters()) / 1e6, c.num_hidden_layers,
-                   2 * c.num_hidden_layers * kv_heads * head_dim * model.dtype.itemsize)
+        return cls(count, c.num_hidden_layers, 2 * c.num_hidden_layers * kv_heads * head_dim * model.dtype.itemsize)
