@@ -1,5 +1,7 @@
-"""The real ``lm_eval`` command with ``--batch_size`` 2, 4, 8 and auto, and with two data-parallel processes: every
-document gets batch 1's output, and the two processes' merged record equals one process's counts."""
+"""The real ``lm_eval`` command with ``--batch_size`` 2, 4, 8 and auto, with two data-parallel processes, with the
+target sharded over two tensor-parallel processes (``torchrun``, ``tp_plan=auto``) and with ``parallelize=true`` on a
+CPU-only machine: every document gets batch 1's output, the two data-parallel processes' merged record equals one
+process's counts, and the tensor-parallel run writes one results file that says its degree."""
 
 from __future__ import annotations
 
@@ -20,9 +22,10 @@ def tiny(tmp_path_factory) -> Path:
     return save_tiny(tmp_path_factory.mktemp("tiny") / "model", layers=4)
 
 
-def evaluate(tiny: Path, out: Path, *launcher: str, batch_size: str = "1") -> tuple[dict, list]:
+def evaluate(tiny: Path, out: Path, *launcher: str, batch_size: str = "1", model_args: str = "") -> tuple[dict, list]:
     """One run over 5 documents (odd, so two processes get unequal shares); its specdec block and responses."""
-    args = ["--model", "specdec", "--model_args", f"pretrained={tiny},draft=prompt-lookup|layers:0,baseline=true",
+    args = ["--model", "specdec", "--model_args",
+            f"pretrained={tiny},draft=prompt-lookup|layers:0,baseline=true{model_args}",
             "--include_path", "tasks", "--tasks", TASK, "--limit", "5", "--gen_kwargs", "max_gen_toks=24",
             "--batch_size", batch_size, "--output_path", str(out), "--log_samples"]
     done = run_cli(*launcher, "-m", "lm_eval", *args) if launcher else run_cli("lm_eval", *args)
@@ -70,3 +73,19 @@ def test_two_processes_split_the_documents_and_merge_their_records(tiny, batch_o
     assert [r[0][:1] for r in responses] == [r[0][:1] for r in reference]
     assert {k: block["counters"][k] for k in COUNTS} == {k: reference_block["counters"][k] for k in COUNTS}
     assert block["baseline_mismatches"] == 0
+
+
+def test_a_target_sharded_over_two_torchrun_processes_answers_as_one_process(tiny, batch_one, tmp_path):
+    """``torchrun --nproc_per_node 2 -m lm_eval ... tp_plan=auto``: both ranks run every document on the sharded
+    target (lm-eval's tensor-parallel mode), rank 0 alone writes, the record says tensor_parallel 2."""
+    block, responses = evaluate(tiny, tmp_path, "torchrun", "--nproc_per_node", "2", model_args=",tp_plan=auto")
+    reference_block, reference = batch_one
+    assert len(list(tmp_path.rglob("results_*.json"))) == 1
+    assert block["tensor_parallel"] == 2 and block["processes"] == 1 and block["baseline_mismatches"] == 0
+    assert responses == reference
+    assert {k: block["counters"][k] for k in COUNTS} == {k: reference_block["counters"][k] for k in COUNTS}
+
+
+def test_parallelize_on_a_machine_without_gpus_runs_on_the_cpu(tiny, batch_one, tmp_path):
+    block, responses = evaluate(tiny, tmp_path, model_args=",parallelize=true")
+    assert responses == batch_one[1] and block["tensor_parallel"] == 1

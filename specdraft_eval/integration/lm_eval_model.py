@@ -38,6 +38,7 @@ from specdraft_eval.measure.record import SpecdecRecord
 from specdraft_eval.measure.report import table
 from specdraft_eval.measure.stats import Divergence, GenerationStats
 from specdraft_eval.models import kernels as kernel_paths
+from specdraft_eval.models.sharding import ranks_agree
 from specdraft_eval.models.targets import (
     ALIASES,
     DEFAULT_TARGET,
@@ -140,6 +141,10 @@ class SpecDecLM(HFLM):
             pretrained = source.path
             if source.gguf_file:
                 kwargs["gguf_file"] = source.gguf_file
+        if _as_bool("parallelize", kwargs.get("parallelize", False)) and not torch.cuda.is_available():
+            log.warning("parallelize=true spreads the target over GPUs (accelerate's device_map); none is visible, "
+                        "so it runs on the CPU")
+            kwargs["parallelize"] = False
         if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available():
             os.environ.setdefault("ACCELERATE_USE_CPU", "1")  # several processes on CPUs: accelerate's gloo group
         try:
@@ -242,6 +247,7 @@ class SpecDecLM(HFLM):
         outputs, stats = speculative_generate_batch(self.model, self._drafter, prompts, params,
                                                     stops=[self._stop_check(stop) for _ in prompts],
                                                     gamma_controller=self._gamma_controller)
+        ranks_agree(self.model, outputs, f"a {self._task} request")
         if self.baseline:
             references, base_stats = autoregressive_generate_batch(self.model, prompts, params,
                                                                    stops=[self._stop_check(stop) for _ in prompts])

@@ -39,18 +39,21 @@ COUNTER_FIELDS = {f.name for f in fields(GenerationStats)}
 @dataclass(frozen=True)
 class Runtime:
     """How the target ran, where it changes the timings: its weights' dtype, the CPU linear kernels, the static
-    cache, compiled steps and the attention backend (a loaded model's: :func:`specdraft_eval.models.targets.runtime_of`).
-    ``""``: not recorded (files written before it was)."""
+    cache, compiled steps, the attention backend and its tensor-parallel degree (processes sharing its layers; a
+    loaded model's: :func:`specdraft_eval.models.targets.runtime_of`). ``""``: not recorded (files written before
+    it was)."""
 
     dtype: str = ""
     kernels: str = ""
     static_cache: bool = False
     compile: bool = False
     attention: str = ""
+    tensor_parallel: int = 1
 
     def __str__(self) -> str:
         steps = " compiled" if self.compile else " static-cache" if self.static_cache else ""
-        return f"{self.dtype or '?'} {self.kernels or '?'} {self.attention or '?'}{steps}"
+        sharded = f" tp{self.tensor_parallel}" if self.tensor_parallel > 1 else ""
+        return f"{self.dtype or '?'} {self.kernels or '?'} {self.attention or '?'}{steps}{sharded}"
 
 
 @dataclass(frozen=True)
@@ -156,6 +159,7 @@ class SpecdecRecord:
             "versions": self.versions,
             "generations": total.generations,
             "processes": self.processes,
+            "tensor_parallel": self.runtime.tensor_parallel,
             **total.summary(),
             "predicted_tokens_per_second": predicted(total),
             "latencies": self.latencies.to_json() if self.latencies else None,
@@ -180,7 +184,7 @@ class SpecdecRecord:
             _restore_mismatch_counts(per_task, int(block.get("baseline_mismatches", 0)), details)
             ran = block.get("runtime") or {}
             runtime = Runtime(block.get("dtype") or "", ran.get("kernels") or "", bool(ran.get("static_cache")),
-                              bool(ran.get("compile")), ran.get("attention") or "")
+                              bool(ran.get("compile")), ran.get("attention") or "", int(block.get("tensor_parallel", 1)))
             return cls(block["target"], block["draft"], int(block["num_draft_tokens"]),
                        bool(block.get("dynamic_gamma", False)), block.get("hardware") or "",
                        block.get("versions") or {}, block.get("draft_parameters_m") or 0.0,

@@ -11,9 +11,11 @@ import torch
 
 
 def clock(device: torch.device) -> float:
-    """Seconds, after waiting for the device's queued work (the one clock for every timing)."""
+    """Seconds, after waiting for the queued work of every GPU (a target spread over several by
+    ``parallelize=True`` runs on each; the one clock for every timing)."""
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
+        for index in range(torch.cuda.device_count()):
+            torch.cuda.synchronize(index)
     return time.perf_counter()
 
 

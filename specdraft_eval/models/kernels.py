@@ -64,9 +64,11 @@ def choose(kernels: str | None, compile: bool) -> str:
 
 
 def supported(model: torch.nn.Module) -> bool:
-    """oneDNN pre-packing pays on CPU float32/bfloat16 models where PyTorch was built with it."""
+    """oneDNN pre-packing pays on CPU float32/bfloat16 models where PyTorch was built with it (not on a model
+    sharded by tensor parallelism: its weights are distributed tensors, which the packing cannot read)."""
     param = next(model.parameters(), None)
     return (param is not None and param.device.type == "cpu" and param.dtype in (torch.float32, torch.bfloat16)
+            and type(param).__name__ != "DTensor"
             and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
 
 
@@ -89,11 +91,12 @@ def kernels_of(model: torch.nn.Module) -> str:
 
 
 def output_weight(model) -> torch.Tensor:
-    """The weight of ``model``'s output head ([vocab, hidden]), also once pre-packed: a packed head tied to the
-    input embeddings reads it from them."""
+    """The weight of ``model``'s output head ([vocab, hidden]), also once pre-packed (a packed head tied to the
+    input embeddings reads it from them) or sharded by tensor parallelism (gathered whole, once)."""
     head = model.get_output_embeddings()
     if not isinstance(head, PackedLinear):
-        return head.weight.detach()
+        weight = head.weight.detach()
+        return weight.full_tensor() if type(weight).__name__ == "DTensor" else weight
     embedding = model.get_input_embeddings().weight
     if getattr(model.config, "tie_word_embeddings", False) and embedding.shape == (head.out_features, head.in_features):
         return embedding.detach()

@@ -189,11 +189,12 @@ class Target:
 
 def runtime_of(model, static_cache: bool = False, compile: bool = False) -> Runtime:
     """The :class:`~specdraft_eval.measure.record.Runtime` of a loaded target ``model`` run with (or without) a
-    static cache and compiled steps: its dtype, kernels and attention backend."""
+    static cache and compiled steps: its dtype, kernels, attention backend and tensor-parallel degree."""
     from specdraft_eval.models.kernels import kernels_of
+    from specdraft_eval.models.sharding import tensor_parallel
 
     return Runtime(dtype_name(model.dtype), kernels_of(model), static_cache or compile, compile,
-                   getattr(model.config, "_attn_implementation", None) or "")
+                   getattr(model.config, "_attn_implementation", None) or "", tensor_parallel(model))
 
 
 def load_target(name: str, device: str = "cpu", dtype: str = "float32", kernels: str = "plain",

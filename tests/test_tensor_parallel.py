@@ -1,0 +1,98 @@
+"""A target sharded by transformers' tensor-parallel plan (``tp_plan="auto"``) across two gloo processes, as
+``torchrun --nproc_per_node 2`` runs it on CPUs: every rank generates, token for token, what one unsharded process
+generates, for prompt lookup, a layer view, a model draft and an EAGLE head (chain and tree), at batch 1 and 4,
+greedy and sampled with a seed; the record says the degree; ranks that disagree fail in one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from conftest import save_tiny
+
+from specdraft_eval import autoregressive_generate, load_draft, speculative_generate, speculative_generate_batch
+from specdraft_eval.engine.params import DecodeParams
+from specdraft_eval.models.targets import Target
+
+PROMPTS = [[5, 9, 2, 7, 7, 3, 11, 4, 5, 9, 2], [3, 4, 5, 6], list(range(2, 30)), [7, 7, 7, 9, 7, 7]]
+SAMPLED = DecodeParams(20, 4, do_sample=True, temperature=1.0, seed=3)
+
+
+def generate(model, tokenizer, specs: list[str]) -> dict[str, list]:
+    """Every draft's outputs: greedy one prompt at a time, greedy as a batch of 4, sampled as a batch."""
+    out = {"plain": [autoregressive_generate(model, p, 20)[0] for p in PROMPTS]}
+    for spec in specs:
+        draft = load_draft(spec, Target(model, tokenizer))
+        out[spec] = [speculative_generate(model, draft, p, 20, num_draft_tokens=4)[0] for p in PROMPTS]
+        out[f"{spec} batch"] = speculative_generate_batch(model, draft, PROMPTS, DecodeParams(20, 4))[0]
+        out[f"{spec} sampled"] = speculative_generate_batch(model, draft, PROMPTS, SAMPLED)[0]
+    return out
+
+
+def _rank(rank: int, world: int, port: int, path: str, specs: list[str], out: str) -> None:
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from specdraft_eval.errors import SpecdecError
+    from specdraft_eval.models.sharding import ranks_agree
+    from specdraft_eval.models.targets import runtime_of
+
+    model = AutoModelForCausalLM.from_pretrained(path, tp_plan="auto", dtype=torch.float32)
+    weight = model.model.layers[0].self_attn.q_proj.weight
+    result = {"outputs": generate(model, AutoTokenizer.from_pretrained(path), specs),
+              "local_rows": weight.to_local().shape[0], "rows": weight.shape[0], "runtime": str(runtime_of(model))}
+    ranks_agree(model, result["outputs"]["plain"], "the same outputs")  # agreeing ranks pass
+    try:
+        ranks_agree(model, [[rank]], "a request")
+    except SpecdecError as exc:
+        result["disagreement"] = str(exc)
+    Path(f"{out}.{rank}").write_text(json.dumps(result))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    from test_eagle import eagle_dir
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tmp = tmp_path_factory.mktemp("tp")
+    path, drafty = save_tiny(tmp / "target", layers=4), save_tiny(tmp / "draft", seed=1, layers=1)
+    single = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    specs = ["prompt-lookup", "layers:0-1", str(drafty), f"eagle:{eagle_dir(tmp, single)}",
+             f"eagle:{tmp / 'head'}@2x3"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_rank, args=(2, port, str(path), specs, str(tmp / "out")), nprocs=2)
+    ranks = [json.loads((tmp / f"out.{r}").read_text()) for r in (0, 1)]
+    return ranks, generate(single, AutoTokenizer.from_pretrained(str(path)), specs)
+
+
+def test_two_sharded_processes_generate_what_one_does(runs):
+    ranks, single = runs
+    assert all(r["local_rows"] * 2 == r["rows"] for r in ranks)  # the layers really are split
+    for key, expected in single.items():
+        assert ranks[0]["outputs"][key] == ranks[1]["outputs"][key] == expected, key
+
+
+def test_the_record_says_tensor_parallel_and_disagreeing_ranks_fail_in_one_line(runs):
+    from specdraft_eval.measure.record import Runtime, SpecdecRecord
+
+    ranks, _ = runs
+    assert all(r["runtime"].endswith(" tp2") for r in ranks)
+    for r in ranks:
+        assert r["disagreement"].startswith("tensor-parallel ranks generated different tokens for a request")
+        assert "\n" not in r["disagreement"]
+    from specdraft_eval.measure.stats import GenerationStats
+
+    record = SpecdecRecord.new("t", "prompt-lookup", 4, False, "cpu", {"task": GenerationStats()},
+                               runtime=Runtime("float32", "plain", tensor_parallel=2))
+    block = record.to_block()
+    assert block["tensor_parallel"] == 2
+    assert SpecdecRecord.from_block(block).runtime.tensor_parallel == 2
