@@ -1,6 +1,6 @@
 """The project's prepared GPU check: one command, no network, figures written after each part.
 
-    python scripts/gpu_check.py [--small] [--out DIR] [--parts 1,2,4,3,5] [--tokenizer DIR] [--compile]
+    python scripts/gpu_check.py [--small] [--out DIR] [--parts 1,2,4,3,5,6] [--tokenizer DIR] [--compile]
 
 Random-weight Llama shapes (no weights are needed; the output head is scaled so greedy choices are not
 near-ties everywhere), bf16 on the GPU (float32 with ``--small``, which runs the same code on the CPU with tiny
@@ -18,7 +18,10 @@ shapes in under 2 minutes):
    (with ``--compile``: ``compile=true``);
 5. steady decoding on the 7B shape: per-step times of plain steps and of verifying 4 tokens over a long decode,
    with a growing cache, a static cache and compiled steps (max/median shows stalls at new lengths), each width
-   compiled and warmed up before the clock starts (warm-up seconds and graphs compiled in timed steps apart).
+   compiled and warmed up before the clock starts (warm-up seconds and graphs compiled in timed steps apart);
+6. the 7B shape through ``lm_eval`` with ``parallelize=true`` (accelerate spreading it over the visible GPUs) and,
+   with more than one GPU, ``tp_plan=auto`` under ``torchrun`` over all of them (exit codes, TAR, speedup,
+   mismatches, one results file, the record's ``tensor_parallel``).
 
 Writes ``gpu_check.json`` after each part and ``gpu.md`` (the tables) into ``--out``, and part 1's rows with their
 latency-model fit as ``sweep.json`` (the schema of ``zoo profile --sweep --out``: copy it beside the leaderboard's
@@ -206,38 +209,74 @@ def bench(check: Check) -> None:
                   f"x{row.vs_autoregressive.median:.2f} TAR {row.steps.tar}")
 
 
-def lm_eval_run(check: Check) -> None:
-    """Part 4: the user's command on the device, a small saved model, batch 1 and 4, baseline=true."""
-    model = check.model(4, 1024, 2816, 8, 8, vocab=len(check.tokenizer))
+def _saved(check: Check, *shape: int) -> Path:
+    """A random-weight model of ``shape`` (layers, hidden, intermediate, heads, kv heads) saved with the tokenizer."""
+    model = check.model(*shape, vocab=len(check.tokenizer))
     folder = Path(tempfile.mkdtemp(prefix="gpu-check-model-"))
     model.save_pretrained(folder)
     check.tokenizer.save_pretrained(folder)
     del model
     check.free()
-    runs = []
-    for batch in (1, 4):
-        out = folder / f"results-{batch}"
-        dtype = dtype_name(check.dtype)
-        code = ("import sys, specdraft_eval.integration.lm_eval_hook; from lm_eval.__main__ import cli_evaluate; "
-                "sys.argv = ['lm_eval'] + sys.argv[1:]; cli_evaluate()")
-        compiled = ",compile=true" if check.args.compile else ""
-        args = ["--model", "specdec", "--model_args",
-                f"pretrained={folder},draft=prompt-lookup,baseline=true,dtype={dtype}{compiled}",
-                "--device", check.device, "--include_path", str(ROOT / "tasks"), "--tasks", "specdec_humaneval",
-                "--limit", str(check.args.lm_eval_limit), "--confirm_run_unsafe_code", "--gen_kwargs",
-                f"max_gen_toks={check.args.new_tokens}", "--batch_size", str(batch), "--output_path", str(out)]
-        started = time.perf_counter()
-        done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300,
-                              env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(sys.path)})
-        files = sorted(glob.glob(str(out / "**" / "results_*.json"), recursive=True))
-        block = json.loads(Path(files[-1]).read_text())["config"]["specdec"] if files else None
-        runs.append({"batch_size": batch, "returncode": done.returncode, "seconds": time.perf_counter() - started,
-                     "stderr_tail": done.stderr[-1500:] if done.returncode else "", "specdec": block})
-        check.log(f"4 batch {batch}: exit {done.returncode}" + (f", TAR {block['tar']:.2f}, speedup {block['speedup']}"
-                                                             f", mismatches {block['baseline_mismatches']}" if block else ""))
+    return folder
+
+
+def _lm_eval(check: Check, folder: Path, model_args: str, out: Path, batch: int = 1, device: bool = True,
+             launcher: tuple[str, ...] = ()) -> dict:
+    """``lm_eval --model specdec`` on ``folder`` (prompt lookup, baseline timing on), by ``launcher`` (e.g. torchrun)
+    or this Python; its exit code, seconds, stderr's tail on failure and the specdec block."""
+    code = ("import sys, specdraft_eval.integration.lm_eval_hook; from lm_eval.__main__ import cli_evaluate; "
+            "sys.argv = ['lm_eval'] + sys.argv[1:]; cli_evaluate()")
+    args = ["--model", "specdec", "--model_args",
+            f"pretrained={folder},draft=prompt-lookup,baseline=true,dtype={dtype_name(check.dtype)}{model_args}",
+            *(["--device", check.device] if device else []), "--include_path", str(ROOT / "tasks"),
+            "--tasks", "specdec_humaneval", "--limit", str(check.args.lm_eval_limit), "--confirm_run_unsafe_code",
+            "--gen_kwargs", f"max_gen_toks={check.args.new_tokens}", "--batch_size", str(batch), "--output_path", str(out)]
+    started = time.perf_counter()
+    script = [sys.executable, "-c", code] if not launcher else [*launcher, "-m", "lm_eval"]
+    done = subprocess.run([*script, *args], capture_output=True, text=True, timeout=480,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(sys.path)})
+    files = sorted(glob.glob(str(out / "**" / "results_*.json"), recursive=True))
+    block = json.loads(Path(files[-1]).read_text())["config"]["specdec"] if files else None
+    return {"returncode": done.returncode, "seconds": time.perf_counter() - started, "results_files": len(files),
+            "stderr_tail": done.stderr[-1500:] if done.returncode else "", "specdec": block}
+
+
+def _summary(run: dict) -> str:
+    block = run["specdec"]
+    return f"exit {run['returncode']}" + (f", TAR {block['tar']:.2f}, speedup {block['speedup']}, mismatches "
+                                          f"{block['baseline_mismatches']}" if block else "")
+
+
+def lm_eval_run(check: Check) -> None:
+    """Part 4: the user's command on the device, a small saved model, batch 1 and 4, baseline=true."""
+    folder = _saved(check, 4, 1024, 2816, 8, 8)
+    compiled = ",compile=true" if check.args.compile else ""
+    runs = [{"batch_size": batch, **_lm_eval(check, folder, compiled, folder / f"results-{batch}", batch)}
+            for batch in (1, 4)]
+    for run in runs:
+        check.log(f"4 batch {run['batch_size']}: {_summary(run)}")
     check.results["lm_eval"] = {"runs": runs}
     if any(r["returncode"] for r in runs):
         raise RuntimeError("lm_eval failed: " + next(r["stderr_tail"] for r in runs if r["returncode"])[-400:])
+
+
+def sharded(check: Check) -> None:
+    """Part 6: the 7B shape spread by ``parallelize=true`` (accelerate's device_map over the visible GPUs) and, with
+    more than one GPU, sharded by ``tp_plan=auto`` over all of them under torchrun: exit codes, TAR, speedup,
+    mismatches against plain decoding, one results file, the record's tensor_parallel."""
+    folder = _saved(check, *((4, 256, 688, 8, 8) if check.small else (32, 4096, 11008, 32, 32)))
+    gpus = torch.cuda.device_count() if check.device == "cuda" else 0
+    runs = {"parallelize": _lm_eval(check, folder, ",parallelize=true", folder / "parallelize", device=False)}
+    if gpus > 1:
+        runs["tp_plan"] = _lm_eval(check, folder, ",tp_plan=auto", folder / "tp", device=False,
+                                   launcher=(sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(gpus)))
+    for name, run in runs.items():
+        check.log(f"6 {name}: {_summary(run)}, results files {run['results_files']}"
+                  + (f", tensor_parallel {run['specdec'].get('tensor_parallel')}" if run["specdec"] else ""))
+    check.results["sharded"] = {"gpus": gpus, "runs": runs}
+    if any(r["returncode"] for r in runs.values()):
+        raise RuntimeError("sharded lm_eval failed: " + next(r["stderr_tail"] for r in runs.values()
+                                                             if r["returncode"])[-400:])
 
 
 def steady_steps(check: Check) -> None:
@@ -287,7 +326,7 @@ def steady_steps(check: Check) -> None:
     check.results["steady"] = {"context": 128, "rows": rows}
 
 
-PARTS = {1: step_latency, 2: verify_cost, 3: bench, 4: lm_eval_run, 5: steady_steps}
+PARTS = {1: step_latency, 2: verify_cost, 3: bench, 4: lm_eval_run, 5: steady_steps, 6: sharded}
 
 
 def write_sweep(check: Check, rows: list[dict]) -> None:
@@ -340,6 +379,14 @@ def report(results: dict) -> str:
                                 "draft_ms_per_token", "verify_ms_per_step", "overhead", "identical", "numerics",
                                 "warm_up_seconds", "timed_compiles"]), "",
                   f"Lossless: {results['bench']['lossless']}", ""]
+    if "sharded" in results:
+        part = results["sharded"]
+        rows = [{"mode": name, "exit": r["returncode"], "seconds": r["seconds"], "results_files": r["results_files"],
+                 **{k: (r["specdec"] or {}).get(k) for k in ("tensor_parallel", "tar", "tokens_per_second", "speedup",
+                                                           "baseline_mismatches")}}
+                for name, r in part["runs"].items()]
+        lines += [f"## 6. The 7B shape spread over {part['gpus']} GPU(s): `parallelize=true`, `tp_plan=auto`", "",
+                  _table(rows, list(rows[0])), ""]
     if "lm_eval" in results:
         rows = [{"batch_size": r["batch_size"], "exit": r["returncode"], "seconds": r["seconds"],
                  **{k: (r["specdec"] or {}).get(k) for k in ("tar", "tokens_per_second", "baseline_tokens_per_second",
@@ -362,7 +409,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--small", action="store_true", help="tiny shapes on the CPU (a rehearsal, under 2 minutes)")
     parser.add_argument("--out", default=os.environ.get("OUT") or "gpu_check_out", help="folder for the figures")
-    parser.add_argument("--parts", default="1,2,4,3,5", help="which parts to run, in this order (comma-separated)")
+    parser.add_argument("--parts", default="1,2,4,3,5,6", help="which parts to run, in this order (comma-separated)")
     parser.add_argument("--tokenizer", help="tokenizer folder (default: the embedded default target's)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10, help="timed steps per measurement")

@@ -196,3 +196,33 @@ def test_a_tree_is_drafted_in_one_pass_per_depth_and_verified_at_its_width():
     # chain: 2.0 / (4·2 + 12) ms; tree: 2.5 / (3·2 + 14) ms (charged per node it would be 2.5 / 38 ms)
     assert by_name["chain"].predicted_tokens_per_second == pytest.approx(2.0 / 0.020)
     assert by_name["tree"].predicted_tokens_per_second == pytest.approx(2.5 / 0.020)
+
+
+def test_a_target_sharded_over_gpus_reads_a_share_and_pays_two_all_reduces_per_layer():
+    """--gpus N: the roofline (weights and KV cache read, compute) is divided by N, the fixed per-layer cost is not,
+    and each layer adds two all-reduces (latency + ring traffic over the link); one GPU is unchanged."""
+    shape = shape_from_config({"num_hidden_layers": 80, "hidden_size": 8192, "intermediate_size": 28672,
+                               "num_attention_heads": 64, "num_key_value_heads": 8, "vocab_size": 32000})
+    a100 = latency_model.GPUS["a100-80gb"]
+    graphs = a100.cost("cuda-graphs")
+    one, four = (forward_seconds(shape, 1, a100, "cuda-graphs", 128, gpus=n) for n in (1, 4))
+    fixed = graphs.step_ms / 1000 + 80 * graphs.layer_ms / 1000
+    roofline = one - fixed
+    allreduce = 2 * 80 * (latency_model.ALLREDUCE_US / 1e6 + 1.5 * 8192 * 2 / (300 * 1e9))
+    assert four == pytest.approx(fixed + roofline / 4 + allreduce, rel=1e-9)
+    assert forward_seconds(shape, 1, a100, "cuda-graphs", 128) == one  # gpus=1: the same as before
+    eager = a100.cost("eager")  # host-bound: the longer of the launches (all-reduces added) and the device's share
+    eager_fixed = eager.step_ms / 1000 + 80 * eager.layer_ms / 1000
+    assert forward_seconds(shape, 1, a100, "eager", 128, gpus=4) == pytest.approx(
+        max(eager_fixed + allreduce, roofline / 4), rel=1e-9)
+
+
+def test_rank_gpus_shards_a_named_gpus_target_and_refuses_this_machine(tmp_path):
+    env = {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub"), "SPECDRAFT_EVAL_CACHE": str(tmp_path)}
+    args = ["zoo", "rank", "--target", "meta-llama/Llama-2-70b-hf", "--results", str(tmp_path), "--drafts",
+            "layers:0-4", "--runtime", "cuda-graphs", "--json"]
+    one, four = (run_cli(*args, "--gpu", "a100-80gb", "--gpus", n, env=env) for n in ("1", "4"))
+    assert one.returncode == four.returncode == 0, four.stderr[-2000:]
+    t_one, t_four = (json.loads(r.stdout)["target_ms_per_token"] for r in (one, four))
+    assert t_four < t_one / 2  # a 70B target's weight read, split four ways, dominates with CUDA graphs
+    assert_one_line_error(run_cli(*args, "--gpu", "this", "--gpus", "2", env=env), "--gpus 2")

@@ -205,6 +205,8 @@ gamma: RankGammaOpt = None,
     results: ResultsOpt = None,
     max_new_tokens: MaxNewOpt = DEFAULT_MAX_NEW_TOKENS, context: ContextOpt = 128,
 runtime: RuntimeOpt = "eager",
+    gpus: Annotated[int, typer.Option(help="A named --gpu: the target sharded over this many of them (tensor "
+                                           "parallel: weights split, two all-reduces per layer); drafts on one.")] = 1,
     device: DeviceOpt = None, dtype: DtypeOpt = "auto", use_kernels: UseKernelsOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -214,11 +216,12 @@ runtime: RuntimeOpt = "eager",
     from zoo.ranking_run import run_rank
 
     options = RankOptions(gpu, task, measure, drafts, parse_positive_ints(gamma) if gamma else None, results or None,
-                          max_new_tokens, runtime, context)
+                          max_new_tokens, runtime, context, gpus)
     result = run_rank(target, options, load_settings(device, dtype, use_kernels))
     if as_json:
         return emit(result.to_json(), True)
-    typer.echo(f"target {target} on {gpu}: {result.target_ms_per_token:.3g} ms per autoregressive token"
+    typer.echo(f"target {target} on {gpu}{f' x{gpus}' if gpus > 1 else ''}: {result.target_ms_per_token:.3g} ms per "
+               "autoregressive token"
                + (f"\nlatency model against measurements: {e}" if (e := result.latency_model_error) else ""))
     emit(table_rows(result), False)
 

@@ -24,6 +24,15 @@ where it reads 7.5 GB (1.5 ms at 4.8 TB/s): an additive model predicts over 5 ms
 - ``cpu``: fitted on this project's 2-core machine by ``zoo profile --sweep --repeats 5`` (fp32, 4-byte weights):
   0.94 ms per layer and 13.5 GB/s, with a max row error of 40% on that noisy shared machine.
 
+A target sharded over N GPUs by tensor parallelism (``zoo rank --gpus N``; drafts stay on one): each GPU reads and
+computes 1/N of the weights and KV cache, every GPU still runs (and the host still launches) every layer, and each
+layer adds two all-reduces of the new tokens' hidden states (after attention and after the MLP, Megatron's
+layout, which transformers' ``tp_plan`` follows), each ``ALLREDUCE_US`` + 2 (N - 1) / N × bytes / link bandwidth
+(a ring): ``ALLREDUCE_US`` = 10 µs is an assumption (the order of NCCL's small-message all-reduce latency inside
+one NVLink node; batch-1 messages are a few kB, so latency dominates); the link bandwidths are the datasheets'
+per-direction figures (NVLink 3 on A100: 300 GB/s; NVLink 4 on H100/H200: 450 GB/s; PCIe 4.0 x16 for the others:
+32 GB/s). The all-reduces add to the host-launched part on an eager (host-bound) runtime.
+
 ``zoo profile --sweep --calibrate NAME`` fits the constants to a measured depth/width sweep and writes a
 calibration that ``zoo rank --gpu NAME`` then uses in place of these defaults.
 """
@@ -36,6 +45,7 @@ from specdraft_eval.errors import SpecdecError
 from specdraft_eval.measure.profiles import Calibration, SweepRow
 
 RUNTIMES = ("eager", "cuda-graphs")
+ALLREDUCE_US = 10.0  # per all-reduce at batch 1: an assumption, see the module docstring
 A100_GRAPH_LAYER_MS = 0.085
 A100_BANDWIDTH = 2039
 H200_EAGER = (0.913, 0.602)  # step_ms, layer_ms: see the module docstring
@@ -74,6 +84,7 @@ class Accelerator:
     runtimes: dict[str, RuntimeCost] = field(default_factory=dict)
     dtype_bytes: int = 2
     source: str = "defaults (see zoo/latency_model.py)"
+    link_gb_s: float = 32.0  # GPU-to-GPU, per direction (datasheet): NVLink, else PCIe 4.0 x16
 
     def cost(self, runtime: str) -> RuntimeCost:
         if runtime not in self.runtimes:
@@ -81,19 +92,19 @@ class Accelerator:
         return self.runtimes[runtime]
 
 
-def _gpu(name: str, bandwidth: float, tflops: float, memory: float) -> Accelerator:
+def _gpu(name: str, bandwidth: float, tflops: float, memory: float, link: float = 32.0) -> Accelerator:
     graphs = RuntimeCost(0.0, round(A100_GRAPH_LAYER_MS * A100_BANDWIDTH / bandwidth, 4))
     return Accelerator(name, bandwidth, tflops, memory, {"eager": RuntimeCost(*H200_EAGER, host_bound=True),
-                                                         "cuda-graphs": graphs})
+                                                         "cuda-graphs": graphs}, link_gb_s=link)
 
 
 GPUS = {
     a.name: a
     for a in [
-        _gpu("a100-40gb", 1555, 312, 40),
-        _gpu("a100-80gb", 2039, 312, 80),
-        _gpu("h100", 3350, 989, 80),
-        _gpu("h200", 4800, 989, 141),
+        _gpu("a100-40gb", 1555, 312, 40, 300),
+        _gpu("a100-80gb", 2039, 312, 80, 300),
+        _gpu("h100", 3350, 989, 80, 450),
+        _gpu("h200", 4800, 989, 141, 450),
         _gpu("l4", 300, 121, 24),
         _gpu("a10g", 600, 125, 24),
         _gpu("rtx-4090", 1008, 165, 24),
@@ -166,15 +177,26 @@ def shape_from_config(config) -> Shape:
     return Shape(layers, hidden, heads, kv_heads, vocab, float(get("parameters") or params), float(embeddings))
 
 
-def forward_seconds(shape: Shape, tokens: int, gpu: Accelerator, runtime: str = "eager", context: int = 0) -> float:
-    """One batch-1 forward pass over ``tokens`` new tokens on top of ``context`` cached ones (see the module
-    docstring for the model)."""
+def forward_seconds(shape: Shape, tokens: int, gpu: Accelerator, runtime: str = "eager", context: int = 0,
+                    gpus: int = 1) -> float:
+    """One batch-1 forward pass over ``tokens`` new tokens on top of ``context`` cached ones, the model sharded over
+    ``gpus`` GPUs by tensor parallelism (see the module docstring for the model)."""
     streamed = (shape.parameters - shape.embedding_parameters) * gpu.dtype_bytes
     streamed += shape.kv_bytes_per_token(gpu.dtype_bytes) * context
     roofline = max(streamed / (gpu.bandwidth_gb_s * 1e9), 2 * shape.parameters * tokens / (gpu.bf16_tflops * 1e12))
     cost = gpu.cost(runtime)
-    fixed = (cost.step_ms + shape.layers * cost.layer_ms) / 1000
+    fixed = (cost.step_ms + shape.layers * cost.layer_ms) / 1000 + allreduce_seconds(shape, tokens, gpu, gpus)
+    roofline /= gpus
     return max(fixed, roofline) if cost.host_bound else fixed + roofline
+
+
+def allreduce_seconds(shape: Shape, tokens: int, gpu: Accelerator, gpus: int) -> float:
+    """The all-reduces of a forward pass sharded over ``gpus`` GPUs: two per layer of ``tokens`` hidden states."""
+    if gpus == 1:
+        return 0.0
+    message = tokens * shape.hidden_size * gpu.dtype_bytes
+    one = ALLREDUCE_US / 1e6 + 2 * (gpus - 1) / gpus * message / (gpu.link_gb_s * 1e9)
+    return 2 * shape.layers * one
 
 
 def model_error(gpu: str, runtime: str = "eager") -> str | None:

@@ -112,6 +112,7 @@ class RankOptions:
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     runtime: str = "eager"
     context: int = 128
+    gpus: int = 1
 
 
 @dataclass(frozen=True)

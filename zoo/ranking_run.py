@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from functools import partial
 
 from specdraft_eval import published
 from specdraft_eval.errors import SpecdecError
@@ -59,6 +60,9 @@ def run_rank(target_name: str, options: RankOptions = RankOptions(),
     results, max_new_tokens, runtime, context = options.results, options.max_new_tokens, options.runtime, options.context
     if n_measure < 0 or context < 0:
         raise SpecdecError(f"--measure {n_measure} and --context {context} must be >= 0")
+    if options.gpus < 1 or (options.gpus > 1 and gpu == "this"):
+        raise SpecdecError(f"--gpus {options.gpus}: give a number >= 1, with a named --gpu (this machine's profile "
+                           "times one process)")
     accelerator = None if gpu == "this" else latency_model.accelerator(gpu, read_calibration(gpu))
     files = scan_results(results if results is not None else [published.results()])
     records = {f.record.draft: f.record for f in files if f.record.target == target_name}
@@ -84,8 +88,10 @@ def run_rank(target_name: str, options: RankOptions = RankOptions(),
         _measure_tar(settings.load(target_name), task, n_measure, candidates, gammas or list(MEASURE_GAMMAS),
                      max_new_tokens)
     wanted = gammas or sorted({g for c in candidates for g in c.tar}) or list(MEASURE_GAMMAS)
-    t_target = latency_model.forward_seconds(target.shape, 1, accelerator, runtime, context) * 1000
-    t_verify = {g: latency_model.forward_seconds(target.shape, g + 1, accelerator, runtime, context) * 1000 for g in wanted}
+    step = partial(latency_model.forward_seconds, target.shape, gpu=accelerator, runtime=runtime, context=context,
+                   gpus=options.gpus)  # the target sharded over --gpus; drafts on one
+    t_target = step(1) * 1000
+    t_verify = {g: step(g + 1) * 1000 for g in wanted}
     return rank(candidates, t_target, t_verify, gammas, latency_model.model_error(accelerator.name, runtime))
 
 
