@@ -96,3 +96,13 @@ def test_the_record_says_tensor_parallel_and_disagreeing_ranks_fail_in_one_line(
     block = record.to_block()
     assert block["tensor_parallel"] == 2
     assert SpecdecRecord.from_block(block).runtime.tensor_parallel == 2
+
+
+def test_data_parallel_across_tensor_parallel_groups_is_refused_in_one_line(monkeypatch, tmp_path):
+    from specdraft_eval.errors import SpecdecError
+    from specdraft_eval.integration.lm_eval_model import SpecDecLM
+
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with pytest.raises(SpecdecError, match=r"tp_size=2 with 4 processes: data parallel across groups .*"
+                                           r"torchrun --nproc_per_node 2"):
+        SpecDecLM(pretrained=str(save_tiny(tmp_path / "m")), tp_plan="auto", tp_size=2)

@@ -319,7 +319,7 @@ def save_eagle3(directory: Path, head: EagleHead, target_name: str, meta: dict) 
                                      "proposal_methods": [{"proposal_type": "greedy",
                                                            "speculative_tokens": meta["training"]["unroll"]}],
                                      "verifier": {"name_or_path": target_name}},
-              "specdraft_eval": meta}
+              "specdraft_eval": {k: v for k, v in meta.items() if k != "token_ids"}}  # d2t holds the vocabulary
     (directory / "config.json").write_text(json.dumps(config, indent=1, default=str))
 
 

@@ -141,6 +141,12 @@ class SpecDecLM(HFLM):
             pretrained = source.path
             if source.gguf_file:
                 kwargs["gguf_file"] = source.gguf_file
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if kwargs.get("tp_plan") and int(kwargs.get("tp_size") or world) != world:
+            raise SpecdecError(f"tp_size={kwargs['tp_size']} with {world} processes: data parallel across groups of "
+                               "tensor-parallel processes is not supported (lm-eval's tensor-parallel mode runs every "
+                               f"document on every process); start tp_size processes (torchrun --nproc_per_node "
+                               f"{kwargs['tp_size']}) or leave tp_size out")
         if _as_bool("parallelize", kwargs.get("parallelize", False)) and not torch.cuda.is_available():
             log.warning("parallelize=true spreads the target over GPUs (accelerate's device_map); none is visible, "
                         "so it runs on the CPU")

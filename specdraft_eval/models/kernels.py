@@ -16,6 +16,7 @@ import logging
 import torch
 
 from specdraft_eval.errors import SpecdecError
+from specdraft_eval.models.sharding import is_sharded
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ def supported(model: torch.nn.Module) -> bool:
     sharded by tensor parallelism: its weights are distributed tensors, which the packing cannot read)."""
     param = next(model.parameters(), None)
     return (param is not None and param.device.type == "cpu" and param.dtype in (torch.float32, torch.bfloat16)
-            and type(param).__name__ != "DTensor"
+            and not is_sharded(param)
             and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
 
 
@@ -96,7 +97,7 @@ def output_weight(model) -> torch.Tensor:
     head = model.get_output_embeddings()
     if not isinstance(head, PackedLinear):
         weight = head.weight.detach()
-        return weight.full_tensor() if type(weight).__name__ == "DTensor" else weight
+        return weight.full_tensor() if is_sharded(weight) else weight
     embedding = model.get_input_embeddings().weight
     if getattr(model.config, "tie_word_embeddings", False) and embedding.shape == (head.out_features, head.in_features):
         return embedding.detach()

@@ -12,6 +12,13 @@ import torch
 from specdraft_eval.errors import SpecdecError
 
 
+def is_sharded(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is a distributed tensor (a tensor-parallel shard of a weight)."""
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(tensor, DTensor)
+
+
 def tensor_parallel(model) -> int:
     """How many processes share ``model``'s layers by transformers' tensor-parallel plan (1: not sharded)."""
     return int(getattr(model, "_tp_size", None) or 1)
