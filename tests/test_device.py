@@ -123,15 +123,18 @@ def test_gpu_check_small_rehearsal(tmp_path):
                                                                              "HOME": str(Path.home())})
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     results = json.loads((tmp_path / "gpu_check.json").read_text())
-    assert {"step_latency", "verify_cost", "bench", "lm_eval", "steady"} <= set(results)
+    assert {"step_latency", "verify_cost", "bench", "lm_eval", "steady", "sharded"} <= set(results)
     assert [r["runtime"] for r in results["steady"]["rows"]] == ["eager", "static cache"]
     ks = {*range(9), 16, 32, 64}
     assert len(results["step_latency"]["rows"]) == 14
     assert {(r["shape"], r["k"]) for r in results["verify_cost"]["rows"]} == {(s, k) for s in ("chain", "tree") for k in ks}
     assert all(r["returncode"] == 0 and r["specdec"]["baseline_mismatches"] == 0 for r in results["lm_eval"]["runs"])
     assert results["bench"]["lossless"].startswith("every output identical")
+    parallelize = results["sharded"]["runs"]["parallelize"]  # no GPU here: it runs on the CPU
+    assert parallelize["returncode"] == 0 and parallelize["results_files"] == 1
+    assert parallelize["specdec"]["baseline_mismatches"] == 0 and parallelize["specdec"]["tensor_parallel"] == 1
     report = (tmp_path / "gpu.md").read_text()
-    assert report.count("\n## ") == 5
+    assert report.count("\n## ") == 6
     if "1 no fit:" not in done.stdout:  # part 1 as a sweep file for the leaderboard's latency figure
         from specdraft_eval.measure.profiles import read_calibration_file
 

@@ -14,6 +14,8 @@ from specdraft_eval.errors import SpecdecError
 
 def is_sharded(tensor: torch.Tensor) -> bool:
     """Whether ``tensor`` is a distributed tensor (a tensor-parallel shard of a weight)."""
+    if not torch.distributed.is_available():  # a PyTorch built without it has none
+        return False
     from torch.distributed.tensor import DTensor
 
     return isinstance(tensor, DTensor)
