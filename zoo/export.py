@@ -94,16 +94,21 @@ def export_head(head: Path, to: str, out: Path) -> Export:
     config, state, meta = read_checkpoint(head)
     variant = variant_of(config, state)
     written, state, files, notes = (_vllm if to == "vllm" else _sglang)(head, config, state, meta, variant)
-    from safetensors.torch import save_file
-
-    with atomic_output(out, directory=True) as tmp:
-        save_file({k: v.contiguous() for k, v in state.items()}, str(tmp / "model.safetensors"))
-        (tmp / "config.json").write_text(json.dumps(written, indent=1, default=str))
-        for name, write in files.items():
-            write(tmp / name)
+    _write(out, state, written, files)
     draft = f"eagle:{out.resolve()}"
     serve = speculative_config(draft, _depth(written)) if to == "vllm" else sglang_args(draft, _depth(written))
     return Export(str(out.resolve()), to, EAGLE3 if variant == EAGLE3 else "eagle", serve, notes)
+
+
+def _write(out: Path, state: dict[str, torch.Tensor], config: dict, files: dict | None = None) -> None:
+    """``out`` written atomically: ``model.safetensors``, ``config.json`` and ``files`` (name -> writer of a path)."""
+    from safetensors.torch import save_file
+
+    with atomic_output(out, directory=True) as tmp:
+        save_file({k: v.detach().contiguous() for k, v in state.items()}, str(tmp / "model.safetensors"))
+        (tmp / "config.json").write_text(json.dumps(config, indent=1, default=str))
+        for name, write in (files or {}).items():
+            write(tmp / name)
 
 
 def _medusa(head: Path, to: str, out: Path) -> Export:
@@ -122,11 +127,7 @@ def _medusa(head: Path, to: str, out: Path) -> Export:
     written = {"model_type": "medusa", "architectures": ["MedusaModel"], "hidden_size": hidden, "vocab_size": vocab,
                "num_heads": len(heads.out), "num_hidden_layers": heads.layers, "truncated_vocab_size": vocab,
                "medusa_fc_bias": True, **{k: v for k, v in config.items() if k == "medusa_choices"}}
-    from safetensors.torch import save_file
-
-    with atomic_output(out, directory=True) as tmp:
-        save_file({k: v.detach().contiguous() for k, v in state.items()}, str(tmp / "model.safetensors"))
-        (tmp / "config.json").write_text(json.dumps(written, indent=1))
+    _write(out, state, written)
     return Export(str(out.resolve()), to, "medusa", speculative_config(f"medusa:{out.resolve()}@1", len(heads.out)),
                   ["vLLM's Medusa proposer drafts top-1 chains: serve it as medusa:DIR@1 (its trees run here)"])
 
