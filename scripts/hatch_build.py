@@ -12,7 +12,8 @@ import os
 
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
-PUBLISHED = ("leaderboard/results", "leaderboard/drafts/smollm2-ngram", "leaderboard/drafts/smollm2-eagle")
+PUBLISHED = ("leaderboard/results", "leaderboard/drafts/smollm2-ngram", "leaderboard/drafts/smollm2-eagle",
+             "leaderboard/drafts/smollm2-eagle3")
 
 
 class CustomBuildHook(BuildHookInterface):

@@ -9,6 +9,7 @@ from conftest import tiny_llama
 from specdraft_eval import SpecdecError, autoregressive_generate, speculative_generate
 from specdraft_eval.drafts.layers import layer_view
 from specdraft_eval.drafts.model import ModelDrafter
+from specdraft_eval.measure.environment import parameter_count
 from specdraft_eval.models import kernels
 
 pytestmark = pytest.mark.skipif(not kernels.supported(torch.nn.Linear(2, 2)), reason="PyTorch built without oneDNN")
@@ -32,12 +33,12 @@ def test_packed_linear_computes_what_nn_linear_does(bias, shape):
 def test_apply_swaps_every_linear_and_plain_keeps_them():
     model = kernels.apply(tiny_llama(seed=0), "plain")
     count = sum(p.numel() for p in model.parameters())
-    assert kernels.parameter_count(model) == count
+    assert parameter_count(model) == count
     assert kernels.kernels_of(model) == "plain" and any(isinstance(m, torch.nn.Linear) for m in model.modules())
     kernels.apply(model, "onednn")
     assert kernels.kernels_of(model) == "onednn"
     assert not any(isinstance(m, torch.nn.Linear) for m in model.modules())
-    assert kernels.parameter_count(model) == count  # packed weights still counted (ModelFacts, the leaderboard)
+    assert parameter_count(model) == count  # packed weights still counted (ModelFacts, the leaderboard)
     with pytest.raises(SpecdecError, match="kernels='fast' is unknown: use kernels=onednn"):
         kernels.apply(model, "fast")
 

@@ -6,8 +6,6 @@ import platform
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 
-from specdraft_eval.models.kernels import parameter_count
-
 PACKAGES = ("specdraft-eval", "lm-eval", "torch", "transformers")
 
 
@@ -50,6 +48,14 @@ def versions() -> dict[str, str | None]:
             return None
 
     return {p: one(p) for p in PACKAGES}
+
+
+def parameter_count(model) -> int:
+    """``model``'s parameters, its pre-packed linear layers' weights and biases included (``models.kernels``'
+    ``PackedLinear`` keeps them outside ``parameters()``: an opaque ``packed`` weight with its in/out features)."""
+    packed = [m for m in model.modules() if hasattr(m, "packed")]
+    return (sum(p.numel() for p in model.parameters())
+            + sum(m.in_features * m.out_features + (m.bias.numel() if m.bias is not None else 0) for m in packed))
 
 
 @dataclass(frozen=True)

@@ -112,13 +112,6 @@ def weight_bytes(model: torch.nn.Module) -> dict[int, int]:
     return seen
 
 
-def parameter_count(model: torch.nn.Module) -> int:
-    """``model``'s parameters, its pre-packed linear layers' weights and biases included."""
-    packed = [m for m in model.modules() if isinstance(m, PackedLinear)]
-    return (sum(p.numel() for p in model.parameters())
-            + sum(m.in_features * m.out_features + (m.bias.numel() if m.bias is not None else 0) for m in packed))
-
-
 def distinct_weight_bytes(*models: torch.nn.Module | None) -> int:
     """Bytes of the distinct weight tensors of ``models`` (a layer view shares the target's; None: no model)."""
     seen: dict[int, int] = {}
