@@ -7,8 +7,8 @@ K and ``medusa_num_layers`` L, and ``medusa_lm_head.pt`` (or ``.safetensors``) h
 repeated L times, so one set of weights serves every j) and ``i.L.weight`` its output layer (H -> vocabulary, no
 bias); vLLM's (``model_executor/models/medusa.py``, what ``zoo export --to vllm`` writes): ``model_type: medusa``,
 ``num_heads``, ``num_hidden_layers``, ``medusa_fc_bias``, weights ``blocks.i.layers.j`` and ``lm_heads.i`` (its
-blocks must be equal across j: we apply one block L times). Head i reads the target's last hidden state (after the final norm) at position t and
-predicts the token at t + 2 + i (the target's own head predicts t + 1).
+blocks must be equal across j: we apply one block L times). Head i reads the target's last hidden state (after the
+final norm) at position t and predicts the token at t + 2 + i (the target's own head predicts t + 1).
 
 The tree: path (r_0, ..., r_d) is the r_d-th likeliest token of head d below the path (r_0, ..., r_{d-1}) (heads do
 not read the drafted tokens). Its paths: the config's ``medusa_choices`` (Medusa's format) where it has them, else
@@ -112,7 +112,7 @@ def read_heads(directory: Path) -> tuple[MedusaHeads, dict]:
     if not (directory / "config.json").is_file():
         raise SpecdecError(f"Medusa heads {directory} have no config.json: point at a Medusa head directory")
     config, state = read_json(directory / "config.json", WHAT), read_weights(directory, HEAD_FILES, WHAT)
-    vllm = config.get("model_type") == "medusa"
+    vllm = vllm_layout(config)
     try:
         heads = int(config["num_heads" if vllm else "medusa_num_heads"])
         layers = int(config.get("num_hidden_layers" if vllm else "medusa_num_layers", 1))
@@ -161,10 +161,15 @@ def load_heads(directory: Path, target) -> tuple[MedusaHeads, dict]:
     return module.to(param.device, param.dtype).eval().requires_grad_(False), config
 
 
+def vllm_layout(config: dict) -> bool:
+    """Whether a Medusa config is vLLM's (``MedusaConfig``, ``model_type: medusa``) rather than FasterDecoding's."""
+    return config.get("model_type") == "medusa"
+
+
 def is_medusa(directory: Path) -> bool:
     """Whether ``directory`` holds Medusa heads (either layout) by its config."""
     config = read_json(directory / "config.json", WHAT) if (directory / "config.json").is_file() else {}
-    return "medusa_num_heads" in config or config.get("model_type") == "medusa"
+    return "medusa_num_heads" in config or vllm_layout(config)
 
 
 def build(arg: str | None, target: Target) -> MedusaDrafter:

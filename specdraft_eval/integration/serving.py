@@ -91,12 +91,12 @@ def speculative_config(draft: str, num_draft_tokens: int) -> dict:
         return config
     if kind == "medusa":
         from specdraft_eval.drafts.checkpoint import read_json
+        from specdraft_eval.drafts.medusa import WHAT, vllm_layout
         from specdraft_eval.drafts.spec import split_shape
 
         where, shape = split_shape(arg or "")
         path = Path(where).expanduser()
-        config = read_json(path / "config.json", "Medusa head") if (path / "config.json").is_file() else {}
-        if config.get("model_type") != "medusa":
+        if not vllm_layout(read_json(path / "config.json", WHAT) if (path / "config.json").is_file() else {}):
             raise SpecdecError(f"vLLM reads Medusa heads in its own layout ({draft}): write them so with `zoo export "
                                f"{where} --to vllm --out DIR` and map medusa:DIR@1")
         if shape != "1":
