@@ -46,6 +46,15 @@ def broken_weights(tiny: Path, folder: Path, kind: str) -> Path:
     return folder
 
 
+def without_tokenizer(tiny: Path, folder: Path) -> Path:
+    """A copy of the tiny model directory holding the model's files but none of its tokenizer's."""
+    folder.mkdir()
+    for file in tiny.iterdir():
+        if file.name in ("config.json", "model.safetensors", "generation_config.json"):
+            (folder / file.name).write_bytes(file.read_bytes())
+    return folder
+
+
 # --- Python API --------------------------------------------------------------------------------------------
 
 def _generate(loaded, **overrides):
@@ -106,6 +115,8 @@ LOAD_ERRORS = {
     "corrupt safetensors": (lambda tiny, tmp: load_target(str(broken_weights(tiny, tmp / "m", "corrupt"))), "cannot load model"),
     "truncated safetensors": (lambda tiny, tmp: load_target(str(broken_weights(tiny, tmp / "m", "truncated"))), "cannot load model"),
     "config but no weights": (lambda tiny, tmp: load_target(str(broken_weights(tiny, tmp / "m", "missing"))), "cannot load model"),
+    "weights but no tokenizer": (lambda tiny, tmp: load_target(str(without_tokenizer(tiny, tmp / "m"))),
+                                 "tokenizer.save_pretrained"),
     "corrupt GGUF": (lambda tiny, tmp: load_target(str(_file(tmp / "m.gguf", b"GGUF" + b"\xff" * 64))), "GGUF"),
     "truncated GGUF": (lambda tiny, tmp: load_target(str(_file(tmp / "m.gguf", _gguf_head()))), "GGUF"),
 }

@@ -196,6 +196,7 @@ def test_a_tree_is_drafted_in_one_pass_per_depth_and_verified_at_its_width():
     # chain: 2.0 / (4·2 + 12) ms; tree: 2.5 / (3·2 + 14) ms (charged per node it would be 2.5 / 38 ms)
     assert by_name["chain"].predicted_tokens_per_second == pytest.approx(2.0 / 0.020)
     assert by_name["tree"].predicted_tokens_per_second == pytest.approx(2.5 / 0.020)
+    assert by_name["tree"].break_even_tar == pytest.approx({4: (3 * 2 + 12) / 10, 12: (3 * 2 + 14) / 10})
 
 
 def test_a_target_sharded_over_gpus_reads_a_share_and_pays_two_all_reduces_per_layer():
@@ -225,4 +226,47 @@ def test_rank_gpus_shards_a_named_gpus_target_and_refuses_this_machine(tmp_path)
     assert one.returncode == four.returncode == 0, four.stderr[-2000:]
     t_one, t_four = (json.loads(r.stdout)["target_ms_per_token"] for r in (one, four))
     assert t_four < t_one / 2  # a 70B target's weight read, split four ways, dominates with CUDA graphs
+    (view_one,), (view_four,) = (json.loads(r.stdout)["rows"] for r in (one, four))
+    assert view_four["draft_ms_per_token"] < view_one["draft_ms_per_token"]  # a layer view runs the sharded layers
+    assert view_four["latency_source"].endswith("sharded over 4)")
     assert_one_line_error(run_cli(*args, "--gpu", "this", "--gpus", "2", env=env), "--gpus 2")
+
+
+def test_rank_prints_the_papers_figures_beside_their_predictions_for_its_targets(tmp_path):
+    """`zoo rank --target llama-2-70b --gpu a100 --gpus 4` (the paper's setting): every catalog draft of the family
+    ranked (no TAR: fastest draft first, with the TAR each needs to break even), and the paper's published figures
+    beside predictions worked by hand from the eager constants (host-bound: a draft's step is its fixed cost)."""
+    env = {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub"), "SPECDRAFT_EVAL_CACHE": str(tmp_path)}
+    args = ["zoo", "rank", "--target", "llama-2-70b", "--gpus", "4", "--results", str(tmp_path)]
+    done = run_cli(*args, "--gpu", "a100", "--json", env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    ranking = json.loads(done.stdout)
+    rows = {r["draft"]: r for r in ranking["rows"]}
+    assert {"wide-sheared-llama-796m", "sheared-llama-1.3b", "tinyllama-1.1b-chat"} <= set(rows)
+    times = [r["draft_ms_per_token"] for r in ranking["rows"]]
+    assert times == sorted(times)
+    eager = latency_model.GPUS["a100-80gb"].cost("eager")
+    step = lambda layers: eager.step_ms + layers * eager.layer_ms  # noqa: E731
+    wide, deep, tiny = step(5), step(24), step(22)
+    assert rows["wide-sheared-llama-796m"]["draft_ms_per_token"] == pytest.approx(wide)
+    t_target = ranking["target_ms_per_token"]
+    # break-even at γ 4: 4 draft passes and one verification of 5 tokens cost as much as TAR target steps
+    t_verify = forward_seconds(model_shape("llama-2-70b").shape, 5, A100, "eager", 128, gpus=4) * 1000
+    assert rows["sheared-llama-1.3b"]["break_even_tar"]["4"] == pytest.approx((4 * deep + t_verify) / t_target)
+    published = {c["source"]: c for c in ranking["published"]}
+    reduction = published["§4.1, Table 3"]
+    assert reduction["published"] == "49%" and reduction["predicted"].startswith(f"{1 - wide / deep:.0%}")
+    assert reduction["deviation"] == f"{(1 - wide / deep) / 0.49 - 1:+.0%}"
+    ratio = published["§4.2, Table 8"]
+    assert ratio["predicted"].startswith(f"{tiny / wide:.2f}x") and ratio["deviation"] == f"{tiny / wide / 4 - 1:+.0%}"
+    share = published["§4.1"]
+    verify = {g: forward_seconds(model_shape("llama-2-70b").shape, g + 1, A100, "eager", 128, gpus=4) * 1000
+              for g in (1, 2, 4, 8)}
+    holding = [g for g in verify if verify[g] / (g * wide + verify[g]) > 0.8]
+    assert f"γ2: {verify[2] / (2 * wide + verify[2]):.0%}" in share["predicted"]
+    assert share["deviation"] == f"holds at γ ≤ {max(holding)}"
+    text = run_cli(*args, "--gpu", "a100-80gb", env=env)  # the alias names the 80 GB A100, as the paper ran
+    assert text.returncode == 0 and "published figures" in text.stdout and "Table 11" in text.stdout
+    other = run_cli("zoo", "rank", "--target", "llama-2-7b", "--gpu", "a100", "--results", str(tmp_path), "--json",
+                    env=env)
+    assert other.returncode == 0 and json.loads(other.stdout)["published"] == []  # not one of the paper's targets

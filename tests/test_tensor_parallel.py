@@ -1,7 +1,8 @@
 """A target sharded by transformers' tensor-parallel plan (``tp_plan="auto"``) across two gloo processes, as
 ``torchrun --nproc_per_node 2`` runs it on CPUs: every rank generates, token for token, what one unsharded process
 generates, for prompt lookup, a layer view, a model draft and an EAGLE head (chain and tree), at batch 1 and 4,
-greedy and sampled with a seed; the record says the degree; ranks that disagree fail in one line."""
+greedy and sampled with a seed; the same on the embedded default across three processes (slow); the record says
+the degree; ranks that disagree fail in one line."""
 
 from __future__ import annotations
 
@@ -20,21 +21,24 @@ from specdraft_eval.engine.params import DecodeParams
 from specdraft_eval.models.targets import Target
 
 PROMPTS = [[5, 9, 2, 7, 7, 3, 11, 4, 5, 9, 2], [3, 4, 5, 6], list(range(2, 30)), [7, 7, 7, 9, 7, 7]]
-SAMPLED = DecodeParams(20, 4, do_sample=True, temperature=1.0, seed=3)
 
 
-def generate(model, tokenizer, specs: list[str]) -> dict[str, list]:
-    """Every draft's outputs: greedy one prompt at a time, greedy as a batch of 4, sampled as a batch."""
-    out = {"plain": [autoregressive_generate(model, p, 20)[0] for p in PROMPTS]}
+def generate(model, tokenizer, specs: list[str], prompts: list[list[int]] = PROMPTS, tokens: int = 20,
+             singles: int | None = None) -> dict[str, list]:
+    """Every draft's outputs: greedy one prompt at a time (the first ``singles``), greedy as a batch, sampled as a
+    batch, ``tokens`` new tokens each."""
+    sampled = DecodeParams(tokens, 4, do_sample=True, temperature=1.0, seed=3)
+    out = {"plain": [autoregressive_generate(model, p, tokens)[0] for p in prompts[:singles]]}
     for spec in specs:
         draft = load_draft(spec, Target(model, tokenizer))
-        out[spec] = [speculative_generate(model, draft, p, 20, num_draft_tokens=4)[0] for p in PROMPTS]
-        out[f"{spec} batch"] = speculative_generate_batch(model, draft, PROMPTS, DecodeParams(20, 4))[0]
-        out[f"{spec} sampled"] = speculative_generate_batch(model, draft, PROMPTS, SAMPLED)[0]
+        out[spec] = [speculative_generate(model, draft, p, tokens, num_draft_tokens=4)[0] for p in prompts[:singles]]
+        out[f"{spec} batch"] = speculative_generate_batch(model, draft, prompts, DecodeParams(tokens, 4))[0]
+        out[f"{spec} sampled"] = speculative_generate_batch(model, draft, prompts, sampled)[0]
     return out
 
 
-def _rank(rank: int, world: int, port: int, path: str, specs: list[str], out: str) -> None:
+def _rank(rank: int, world: int, port: int, path: str, specs: list[str], out: str,
+          prompts: list[list[int]] = PROMPTS, tokens: int = 20, singles: int | None = None) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -46,7 +50,7 @@ def _rank(rank: int, world: int, port: int, path: str, specs: list[str], out: st
 
     model = AutoModelForCausalLM.from_pretrained(path, tp_plan="auto", dtype=torch.float32)
     weight = model.model.layers[0].self_attn.q_proj.weight
-    result = {"outputs": generate(model, AutoTokenizer.from_pretrained(path), specs),
+    result = {"outputs": generate(model, AutoTokenizer.from_pretrained(path), specs, prompts, tokens, singles),
               "local_rows": weight.to_local().shape[0], "rows": weight.shape[0], "runtime": str(runtime_of(model))}
     ranks_agree(model, result["outputs"]["plain"], "the same outputs")  # agreeing ranks pass
     try:
@@ -66,12 +70,19 @@ def runs(tmp_path_factory):
     single = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
     specs = ["prompt-lookup", "layers:0-1", str(drafty), f"eagle:{eagle_dir(tmp, single)}",
              f"eagle:{tmp / 'head'}@2x3"]
+    ranks = spawn(2, path, specs, tmp / "out")
+    return ranks, generate(single, AutoTokenizer.from_pretrained(str(path)), specs)
+
+
+def spawn(world: int, path: Path, specs: list[str], out: Path, prompts: list[list[int]] = PROMPTS,
+          tokens: int = 20, singles: int | None = None) -> list[dict]:
+    """Run :func:`_rank` in ``world`` gloo processes (:func:`generate`'s arguments after ``specs``); each rank's
+    result."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_rank, args=(2, port, str(path), specs, str(tmp / "out")), nprocs=2)
-    ranks = [json.loads((tmp / f"out.{r}").read_text()) for r in (0, 1)]
-    return ranks, generate(single, AutoTokenizer.from_pretrained(str(path)), specs)
+    mp.spawn(_rank, args=(world, port, str(path), specs, str(out), prompts, tokens, singles), nprocs=world)
+    return [json.loads(Path(f"{out}.{r}").read_text()) for r in range(world)]
 
 
 def test_two_sharded_processes_generate_what_one_does(runs):
@@ -79,6 +90,37 @@ def test_two_sharded_processes_generate_what_one_does(runs):
     assert all(r["local_rows"] * 2 == r["rows"] for r in ranks)  # the layers really are split
     for key, expected in single.items():
         assert ranks[0]["outputs"][key] == ranks[1]["outputs"][key] == expected, key
+
+
+@pytest.mark.slow
+def test_three_sharded_processes_on_the_embedded_default_generate_what_one_does(tmp_path):
+    """SmolLM2-135M-Instruct (the embedded default) has 3 key/value heads, so 3 processes is the smallest degree
+    above one that shards it: prompt lookup, a 5-layer view, a model draft (two of its layers, saved apart) and the
+    shipped EAGLE head (chain and tree), batch 1 and 4, greedy and sampled, 12 tokens on code prompts: every rank
+    generates one unsharded process's tokens."""
+    from conftest import ROOT
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from specdraft_eval.models.targets import local_dir, resolve
+
+    path = Path(local_dir(resolve("smollm2-135m-instruct")).path)
+    single = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    two = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    two.model.layers = two.model.layers[:1] + two.model.layers[-1:]
+    two.config.num_hidden_layers = 2
+    two.save_pretrained(tmp_path / "two-layers")
+    tokenizer.save_pretrained(tmp_path / "two-layers")
+    head = ROOT / "leaderboard" / "drafts" / "smollm2-eagle"
+    specs = ["prompt-lookup", "layers:0-4", str(tmp_path / "two-layers"), f"eagle:{head}", f"eagle:{head}@2x3"]
+    texts = ["def add(a, b):\n    return a + b\n\ndef sub(a, b):\n", "for i in range(10):\n    print(i)\n",
+             "import os\nimport sys\n\n", "class Stack:\n    def __init__(self):\n        self.items = []\n"]
+    prompts = [tokenizer(t).input_ids for t in texts]
+    ranks = spawn(3, path, specs, tmp_path / "out", prompts, tokens=12, singles=1)
+    expected = generate(single, tokenizer, specs, prompts, tokens=12, singles=1)
+    assert all(r["local_rows"] * 3 == r["rows"] and r["runtime"].endswith(" tp3") for r in ranks)
+    for key, outputs in expected.items():
+        assert all(r["outputs"][key] == outputs for r in ranks), key
 
 
 def test_the_record_says_tensor_parallel_and_disagreeing_ranks_fail_in_one_line(runs):

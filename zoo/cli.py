@@ -224,6 +224,14 @@ runtime: RuntimeOpt = "eager",
                "autoregressive token"
                + (f"\nlatency model against measurements: {e}" if (e := result.latency_model_error) else ""))
     emit(table_rows(result), False)
+    if result.published:
+        from dataclasses import asdict
+
+        from zoo.paper import NOT_AVAILABLE
+
+        typer.echo("\nthe founding paper's published figures, predicted for this GPU and runtime (drafts on one GPU):")
+        emit([asdict(c) for c in result.published], False)
+        typer.echo(NOT_AVAILABLE)
 
 
 @app.command()

@@ -69,8 +69,8 @@ SweepOpt = Annotated[bool, typer.Option(help="Instead: latency vs depth and widt
                                         "fit of the latency model's per-layer cost and bandwidth to it.")]
 CalibrateOpt = Annotated[Optional[str], typer.Option(help="With --sweep: store the fit as a calibration under this "
                                                      "GPU name, which `zoo rank --gpu NAME` then uses.")]
-GpuOpt = Annotated[str, typer.Option(help="'this' (measure this machine) or a GPU name: a100-40gb, a100-80gb, "
-                                     "h100, h200, l4, a10g, rtx-4090, cpu, or one you calibrated.")]
+GpuOpt = Annotated[str, typer.Option(help="'this' (measure this machine) or a GPU name: a100-40gb, a100-80gb (or "
+                                     "a100), h100, h200, l4, a10g, rtx-4090, cpu, or one you calibrated.")]
 RankGammaOpt = Annotated[Optional[str], typer.Option(help="Comma-separated γ values to rank; default: every γ up to the "
                                                  "largest in the results (smaller ones estimated), or 1,2,4,8.")]
 RuntimeOpt = Annotated[str, typer.Option(help="With a named GPU: eager (PyTorch eager, as this engine) or "

@@ -114,9 +114,13 @@ GPUS = {
 }
 
 
+GPU_ALIASES = {"a100": "a100-80gb"}  # the founding paper's A100s were the 80 GB ones
+
+
 def accelerator(name: str, calibration: Calibration | None = None) -> Accelerator:
-    """The named accelerator, with a calibration's fitted constants when one is given."""
+    """The named accelerator (or :data:`GPU_ALIASES`), with a calibration's fitted constants when one is given."""
     key = name.lower().replace("_", "-")
+    key = GPU_ALIASES.get(key, key)
     if key not in GPUS and calibration is None:
         raise SpecdecError(f"unknown GPU {name!r}: use one of {', '.join(GPUS)} or 'this' (measure this machine), "
                            "or calibrate it with `zoo profile --sweep --calibrate NAME`")

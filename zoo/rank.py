@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from specdraft_eval.measure.analytical import predicted_tokens_per_second
+from specdraft_eval.measure.analytical import break_even_tar, predicted_tokens_per_second
 from specdraft_eval.measure.record import ResultsFile
 from specdraft_eval.measure.stats import GenerationStats
 
@@ -131,20 +131,23 @@ class RankRow:
     parameters_m: float | None
     kv_bytes_per_token: int
     latency_source: str
+    break_even_tar: dict[int, float] = field(default_factory=dict)  # per γ: the TAR for a speedup of 1
 
 
 @dataclass(frozen=True)
 class RankResult:
     """The ranking: the target's autoregressive latency, how far the latency model is from what was measured on
-    that GPU (None where nothing was, or for this machine's own profile), and the rows, best first."""
+    that GPU (None where nothing was, or for this machine's own profile), the rows, best first, and the founding
+    paper's published figures beside their predictions (its targets on a named GPU, :mod:`zoo.paper`)."""
 
     target_ms_per_token: float
     latency_model_error: str | None
     rows: list[RankRow]
+    published: list = field(default_factory=list)  # zoo.paper.Comparison
 
     def to_json(self) -> dict:
         return {"target_ms_per_token": self.target_ms_per_token, "latency_model_error": self.latency_model_error,
-                "rows": [asdict(row) for row in self.rows]}
+                "rows": [asdict(row) for row in self.rows], "published": [asdict(c) for c in self.published]}
 
 
 def table_rows(result: RankResult) -> list[dict]:
@@ -153,15 +156,17 @@ def table_rows(result: RankResult) -> list[dict]:
              "tokens/s by γ": "  ".join(f"{g}: {tps:.3g}" for g, tps in r.predicted_by_gamma.items()) or None,
              "measured_tokens_per_second": r.measured_tokens_per_second, "speedup": r.speedup, "tar": r.tar,
              "tar_source": r.tar_source, "draft_ms_per_token": r.draft_ms_per_token,
+             "break_even_tar": "  ".join(f"{g}: {t:.2f}" for g, t in r.break_even_tar.items()) or None,
              "kv_bytes_per_token": r.kv_bytes_per_token, "latency_source": r.latency_source} for r in result.rows]
 
 
 def rank(candidates: list[Candidate], t_target_ms: float, t_verify_ms: dict[int, float],
          gammas: list[int] | None = None, latency_model_error: str | None = None) -> RankResult:
-    """Rows sorted by predicted tokens/s at each draft's best γ (drafts without TAR last).
+    """Rows sorted by predicted tokens/s at each draft's best γ; drafts without TAR last, fastest draft first.
 
     Every γ with a TAR (restricted to ``gammas`` when given) and a verification time is predicted; a token tree of
-    γ nodes is verified at width γ + 1 and drafted in :meth:`Candidate.passes` passes.
+    γ nodes is verified at width γ + 1 and drafted in :meth:`Candidate.passes` passes. Every row gives, at each γ
+    with a verification time, the TAR the draft needs to break even.
     """
     rows = []
     for c in candidates:
@@ -174,6 +179,8 @@ def rank(candidates: list[Candidate], t_target_ms: float, t_verify_ms: dict[int,
         rows.append(RankRow(c.draft, best, predicted[best] if best else None, predicted,
                             predicted[best] * t_target_ms / 1000 if best else None, c.tar.get(best) if best else None,
                             c.tar_source[best] if best else c.missing, c.measured_tps.get(best) if best else None,
-                            c.t_draft_ms, c.parameters_m, c.kv_bytes_per_token, c.draft_source))
-    rows.sort(key=lambda r: -(r.predicted_tokens_per_second or -1))
+                            c.t_draft_ms, c.parameters_m, c.kv_bytes_per_token, c.draft_source,
+                            {g: break_even_tar(c.passes(g), c.t_draft_ms, t_verify_ms[g], t_target_ms)
+                             for g in sorted(t_verify_ms) if gammas is None or g in gammas}))
+    rows.sort(key=lambda r: (-(r.predicted_tokens_per_second or -1), r.draft_ms_per_token))
     return RankResult(t_target_ms, latency_model_error, rows)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 from functools import partial
 
 from specdraft_eval import published
@@ -13,7 +14,7 @@ from specdraft_eval.measure.environment import ModelFacts
 from specdraft_eval.measure.profiles import read_calibration
 from specdraft_eval.measure.record import scan_results
 from specdraft_eval.models.targets import ALIASES, LoadSettings, Target
-from zoo import catalog, latency_model, shapes
+from zoo import catalog, latency_model, paper, shapes
 from zoo.loading import load_one
 from zoo.rank import (
     MEASURE_GAMMAS,
@@ -47,8 +48,8 @@ def default_drafts(target_name: str, depth: int) -> list[str]:
 
 def run_rank(target_name: str, options: RankOptions = RankOptions(),
              settings: LoadSettings = LoadSettings(kernels="onednn")) -> RankResult:
-    """Rank ``options.drafts`` (default: the defaults plus every draft with results for this target) for
-    ``options.gpu``.
+    """Rank ``options.drafts`` (default: the defaults plus every draft with results for this target; with a named
+    GPU every catalog draft of the target's family) for ``options.gpu``.
 
     ``gpu`` "this" loads the models with ``settings`` and times them on its device (the profile of that device);
     a named GPU ranks from shapes alone (the catalog or config.json files) with the latency model of
@@ -69,7 +70,9 @@ def run_rank(target_name: str, options: RankOptions = RankOptions(),
     if accelerator is None:
         return _rank_here(target_name, options, files, records, settings)
     target = shapes.model_shape(target_name)
-    names = drafts or ["prompt-lookup", f"layers:0-{min(5, target.shape.layers) - 1}", *sorted(records)]
+    family = [e.name for e in catalog.entries(target_name) if target_name.lower() not in (e.name, e.hub_id.lower())
+              ] if catalog.family_of(target_name) else []
+    names = drafts or ["prompt-lookup", f"layers:0-{min(5, target.shape.layers) - 1}", *family, *sorted(records)]
     resolved = {}
     for name in names:
         r = shapes.draft_shape(name, target.shape, records.get(name))
@@ -77,8 +80,11 @@ def run_rank(target_name: str, options: RankOptions = RankOptions(),
     latency = f"{accelerator.source}: {accelerator.name}, {runtime}"
     candidates = []
     for name, r in resolved.items():
-        t_draft = latency_model.forward_seconds(r.shape, 1, accelerator, runtime, context) * 1000 if r.shape else 0.0
-        c = Candidate(name, t_draft, f"{latency} ({r.source})" if r.shape else "model-free",
+        gpus = options.gpus if r.shares_target else 1  # a layer view runs the target's sharded layers
+        t_draft = (latency_model.forward_seconds(r.shape, 1, accelerator, runtime, context, gpus) * 1000
+                   if r.shape else 0.0)
+        where = f"{r.source}, sharded over {gpus}" if gpus > 1 else r.source
+        c = Candidate(name, t_draft, f"{latency} ({where})" if r.shape else "model-free",
                       r.shape.parameters / 1e6 if r.shape else None,
                       r.shape.kv_bytes_per_token() if r.shape else 0)
         c.tar, c.tar_source = tar_from_results(files, target_name, task, name)
@@ -92,7 +98,12 @@ def run_rank(target_name: str, options: RankOptions = RankOptions(),
                    gpus=options.gpus)  # the target sharded over --gpus; drafts on one
     t_target = step(1) * 1000
     t_verify = {g: step(g + 1) * 1000 for g in wanted}
-    return rank(candidates, t_target, t_verify, gammas, latency_model.model_error(accelerator.name, runtime))
+    result = rank(candidates, t_target, t_verify, gammas, latency_model.model_error(accelerator.name, runtime))
+    entry = catalog.find(target_name)
+    if entry is None or entry.name not in paper.TARGETS:
+        return result
+    return replace(result, published=paper.compare(target.shape, accelerator, runtime, context, options.gpus,
+                                                   gammas or list(MEASURE_GAMMAS)))
 
 
 def _measure_tar(target: Target, task: str, n: int, candidates: list[Candidate], gammas: list[int],

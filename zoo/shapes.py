@@ -17,11 +17,13 @@ from zoo.latency_model import Shape, shape_from_config
 
 @dataclass
 class Resolved:
-    """A model named on the command line: its canonical draft name, shape (None: model-free) and source."""
+    """A model named on the command line: its canonical draft name, shape (None: model-free), source, and whether
+    it runs on the target's own layers (a layer view: sharded as the target is)."""
 
     name: str
     shape: Shape | None
     source: str
+    shares_target: bool = False
 
 
 def _config_file(name: str) -> Path | None:
@@ -87,10 +89,12 @@ def draft_shape(name: str, target: Shape, record=None) -> Resolved:
         shaped = next((p for p in parts if p.shape is not None), None)
         canonical = "|".join(p.name for p in parts)
         return Resolved(canonical, shaped.shape if shaped else None,
-                        f"composite: {shaped.source} of {shaped.name}" if shaped else "model-free")
+                        f"composite: {shaped.source} of {shaped.name}" if shaped else "model-free",
+                        shaped.shares_target if shaped else False)
     if spec.kind == "layers":
         layers = parse_layers(spec.arg or "", target.layers)
-        return Resolved(f"layers:{','.join(map(str, layers))}", target.with_layers(len(layers)), "target's config")
+        return Resolved(f"layers:{','.join(map(str, layers))}", target.with_layers(len(layers)), "target's config",
+                        True)
     if spec.kind == "eagle":
         return Resolved(spec.name, head_shape(spec.arg or "", target), "one layer at the target's width")
     if spec.kind != MODEL:  # a model-free kind: its canonical name (built without a target unless it reads files)

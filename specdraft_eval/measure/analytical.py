@@ -25,6 +25,11 @@ def predicted_speedup(tar: float, gamma: float, t_draft: float, t_verify: float,
     return predicted_tokens_per_second(tar, gamma, t_draft, t_verify) * t_target
 
 
+def break_even_tar(gamma: float, t_draft: float, t_verify: float, t_target: float) -> float:
+    """The TAR at which :func:`predicted_speedup` is 1: below it the draft slows decoding down."""
+    return (gamma * t_draft + t_verify) / t_target
+
+
 def steps_by_draft_length(drafted_per_position: list[int], steps: int) -> dict[int, int]:
     """How many steps drafted exactly k tokens, from per-position counts: ``drafted_per_position[i]`` steps
     drafted at least i + 1 tokens."""

@@ -219,6 +219,9 @@ def load_target(name: str, device: str = "cpu", dtype: str = "float32", kernels:
     except Exception as exc:  # noqa: BLE001 - a file we did not write: corrupt, truncated, missing or foreign
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         hint = ("the weights are corrupt or truncated: download or rebuild them" if _damaged(exc) else
+                f"the directory {source.path} needs the model's config.json and weights and its tokenizer's files: "
+                "save both there (model.save_pretrained and tokenizer.save_pretrained)" if os.path.isdir(source.path)
+                else
                 f"offline? run `zoo pull {name}` with network first, or check the name")
         raise SpecdecError(f"cannot load model {name!r}: {type(exc).__name__}: {first} ({hint})") from exc
     model = kernel_paths.apply(model.to(device).eval(), kernels)
