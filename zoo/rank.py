@@ -13,6 +13,7 @@ from pathlib import Path
 from specdraft_eval.measure.analytical import break_even_tar, predicted_tokens_per_second
 from specdraft_eval.measure.record import ResultsFile
 from specdraft_eval.measure.stats import GenerationStats
+from zoo.paper import Comparison
 
 DEFAULT_TASK = "specdec_humaneval"
 DEFAULT_MAX_NEW_TOKENS = 64
@@ -143,7 +144,7 @@ class RankResult:
     target_ms_per_token: float
     latency_model_error: str | None
     rows: list[RankRow]
-    published: list = field(default_factory=list)  # zoo.paper.Comparison
+    published: list[Comparison] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {"target_ms_per_token": self.target_ms_per_token, "latency_model_error": self.latency_model_error,
