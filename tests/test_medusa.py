@@ -152,6 +152,45 @@ def test_train_head_kind_medusa_learns_and_its_heads_load_and_stay_lossless(tmp_
     for prompt in SEQUENCES:
         assert speculative_generate(loaded.model, draft, prompt, 30, num_draft_tokens=4)[0] == \
             autoregressive_generate(loaded.model, prompt, 30)[0]
+    # --vocab-top 16: vLLM's layout, the 16 commonest tokens' rows of the same heads and their token_map
+    cut = train_head(str(tiny), tmp_path / "cut", HeadTraining(
+        str(_prompts(tmp_path)), steps=1, kind="medusa", medusa_heads=2, **{**SMALL, "vocab_top": 16}))
+    config = json.loads((tmp_path / "cut" / "config.json").read_text())
+    assert (config["model_type"], config["num_heads"], config["vocab_size"], config["truncated_vocab_size"]) == \
+        ("medusa", 2, VOCAB, 16)
+    draft = load_draft(cut["draft"], loaded)
+    assert draft.model.out[0].out_features == 16 and len(set(draft.model.token_map.tolist())) == 16
+    for prompt in SEQUENCES:
+        assert speculative_generate(loaded.model, draft, prompt, 30, num_draft_tokens=4)[0] == \
+            autoregressive_generate(loaded.model, prompt, 30)[0]
+
+
+def test_saving_medusa_heads_with_a_vocabulary_keeps_those_tokens_rows(tmp_path, target):
+    """save_medusa with token ids: vLLM's reader on the written files drafts, for each head, the best of those tokens
+    by the original heads' own logits (Medusa's reference on the FasterDecoding heads, restricted to the ids)."""
+    from safetensors.torch import load_file
+
+    from specdraft_eval.drafts.medusa import read_heads
+    from zoo.train_head import save_medusa
+
+    original = write_medusa(tmp_path / "heads", target)
+    heads, _ = read_heads(original)
+    ids = list(range(0, VOCAB, 3))
+    (tmp_path / "cut").mkdir()
+    save_medusa(tmp_path / "cut", heads, "tiny", {"token_ids": ids}, ids)
+    state, config = load_file(str(tmp_path / "cut" / "model.safetensors")), json.loads(
+        (tmp_path / "cut" / "config.json").read_text())
+    assert state["token_map"].tolist() == ids and "token_ids" not in config["specdraft_eval"]
+    reference = torch.load(original / "medusa_lm_head.pt", weights_only=True)
+    for tokens in SEQUENCES:
+        with torch.no_grad():
+            hidden = target(torch.tensor([tokens[:-1]]), output_hidden_states=True).hidden_states[-1][0, -1]
+        best = []
+        for i in range(3):
+            x = hidden + torch.nn.functional.silu(hidden @ reference[f"{i}.0.linear.weight"].T
+                                                  + reference[f"{i}.0.linear.bias"])
+            best.append(ids[int((x @ reference[f"{i}.1.weight"][ids].T).argmax())])
+        assert vllm_medusa_chain(state, config, hidden) == best == drafted(tmp_path / "cut", target, tokens, 3, "@1")[0]
 
 
 # --- vLLM's Medusa reader (model_executor/models/medusa.py, transformers_utils/configs/medusa.py), from its source ---
@@ -169,18 +208,116 @@ def vllm_medusa_config(config: dict) -> dict:
     return out
 
 
-def vllm_medusa_chain(state: dict, config: dict, hidden: torch.Tensor) -> list[int]:
-    """Medusa.forward + compute_logits + sample: head i a ResidualBlock (num_hidden_layers linear layers, x + SiLU(
-    layer(x)) each, a bias only with medusa_fc_bias) then lm_heads[i]; top-1 per head."""
-    state = {k.removeprefix("medusa_heads."): v.float() for k, v in state.items()}
-    tokens = []
+def vllm_medusa_logits(state: dict, config: dict, hidden: torch.Tensor) -> list[torch.Tensor]:
+    """Medusa.load_weights + forward + compute_logits: head i a ResidualBlock (num_hidden_layers linear layers,
+    x + SiLU(layer(x)) each, a bias only with medusa_fc_bias) then lm_heads[i] (lm_heads.0 for all with
+    original_lm_head); with truncated_vocab_size below vocab_size, a lm_heads weight larger than token_map is indexed
+    by it, and each head's logits fill the token_map positions of a vocabulary-wide -inf row."""
+    state = {k.removeprefix("medusa_heads."): v for k, v in state.items()}
+    token_map = state.pop("token_map", None)
+    vocab = config["vocab_size"]
+    if config.get("truncated_vocab_size", vocab) >= vocab:
+        token_map = None
+    logits = []
     for i in range(config["num_heads"]):
         x = hidden
         for j in range(config["num_hidden_layers"]):
-            bias = state[f"blocks.{i}.layers.{j}.bias"] if config.get("medusa_fc_bias") else 0
-            x = x + torch.nn.functional.silu(x @ state[f"blocks.{i}.layers.{j}.weight"].T + bias)
-        tokens.append(int((x @ state[f"lm_heads.{i}.weight"].T).argmax()))
-    return tokens
+            bias = state[f"blocks.{i}.layers.{j}.bias"].float() if config.get("medusa_fc_bias") else 0
+            x = x + torch.nn.functional.silu(x @ state[f"blocks.{i}.layers.{j}.weight"].float().T + bias)
+        weight = state["lm_heads.0.weight" if config.get("original_lm_head") else f"lm_heads.{i}.weight"].float()
+        if token_map is not None and weight.shape[0] > token_map.shape[0]:
+            weight = weight[token_map]
+        row = x @ weight.T
+        if token_map is not None:
+            full = -torch.inf * torch.ones(vocab)
+            full[token_map] = row
+            row = full
+        logits.append(row)
+    return logits
+
+
+def vllm_medusa_chain(state: dict, config: dict, hidden: torch.Tensor) -> list[int]:
+    """Medusa.sample: top-1 per head."""
+    return [int(row.argmax()) for row in vllm_medusa_logits(state, config, hidden)]
+
+
+def write_vllm_medusa(path: Path, target, truncated: int | None = None, full_rows: bool = False,
+                      shared: bool = False, heads: int = 3, seed: int = 5) -> Path:
+    """vLLM's layout written from its key names: blocks.i.layers.0 with bias, lm_heads.i (one, lm_heads.0, with
+    original_lm_head) over the whole vocabulary or, with ``truncated``, a token_map of that many token ids (shuffled)
+    and output rows for those tokens (or the whole vocabulary's with ``full_rows``, which vLLM indexes)."""
+    from safetensors.torch import save_file
+
+    draw = torch.Generator().manual_seed(seed)
+    state = {}
+    for i in range(heads):
+        state[f"blocks.{i}.layers.0.weight"] = torch.randn(HIDDEN, HIDDEN, generator=draw) / HIDDEN ** 0.5
+        state[f"blocks.{i}.layers.0.bias"] = 0.1 * torch.randn(HIDDEN, generator=draw)
+    token_map = torch.randperm(VOCAB, generator=draw)[:truncated] if truncated else None
+    for i in range(1 if shared else heads):
+        rows = target.get_output_embeddings().weight.detach() + 0.5 * torch.randn(VOCAB, HIDDEN, generator=draw)
+        state[f"lm_heads.{i}.weight"] = rows if token_map is None or full_rows else rows[token_map].contiguous()
+    if token_map is not None:
+        state["token_map"] = token_map
+    path.mkdir(parents=True)
+    save_file(state, str(path / "model.safetensors"))
+    config = {"model_type": "medusa", "architectures": ["MedusaModel"], "hidden_size": HIDDEN, "vocab_size": VOCAB,
+              "num_heads": heads, "num_hidden_layers": 1, "medusa_fc_bias": True,
+              "truncated_vocab_size": truncated or VOCAB, "original_lm_head": shared}
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+@pytest.mark.parametrize("truncated, full_rows, shared", [(16, False, False), (16, True, False), (None, False, True),
+                                                          (24, False, True)])
+def test_vllms_reduced_vocabulary_and_shared_head_draft_what_vllm_computes(tmp_path, target, truncated, full_rows,
+                                                                           shared):
+    """vLLM's token_map (rows for its tokens, or the whole vocabulary's indexed by it) and original_lm_head: our
+    chain is vLLM's top-1 per head and our tree's nodes are its heads' r-th best tokens, over the vocabulary-wide
+    logits vLLM builds; reading the output rows' indices as token ids (no map) is the negative control; the export
+    writes the same heads back in vLLM's layout, map included."""
+    from safetensors.torch import load_file
+
+    from zoo.export import export_head
+
+    path = write_vllm_medusa(tmp_path / "heads", target, truncated, full_rows, shared)
+    state, config = load_file(str(path / "model.safetensors")), json.loads((path / "config.json").read_text())
+    out = Path(export_head(path, "vllm", tmp_path / "vllm").path)
+    exported, exported_config = load_file(str(out / "model.safetensors")), json.loads((out / "config.json").read_text())
+    assert ("token_map" in exported) == (truncated is not None)
+    assert exported_config["truncated_vocab_size"] == (truncated or VOCAB)
+    paths = static_tree(2, 3, 6)
+    control = []
+    for tokens in SEQUENCES:
+        with torch.no_grad():
+            hidden = target(torch.tensor([tokens[:-1]]), output_hidden_states=True).hidden_states[-1][0, -1]
+        logits = vllm_medusa_logits(state, config, hidden)
+        assert drafted(path, target, tokens, 3, "@1")[0] == vllm_medusa_chain(state, config, hidden)
+        ranked = [row.argsort(descending=True).tolist() for row in logits]
+        assert drafted(path, target, tokens, 6, "@2")[0] == [ranked[len(p) - 1][p[-1]] for p in paths]
+        assert drafted(out, target, tokens, 6, "@2")[0] == [ranked[len(p) - 1][p[-1]] for p in paths]
+        if truncated:  # a reader that takes the output rows' indices for token ids
+            token_map = state["token_map"]
+            control.append([int(row[token_map].argmax()) for row in logits] != drafted(path, target, tokens, 3, "@1")[0])
+    assert not truncated or any(control)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda s, c: s.pop("token_map"), "needs a token_map of 16 token ids"),
+    (lambda s, c: s.__setitem__("token_map", s["token_map"] + VOCAB), "outside the vocabulary of 64"),
+    (lambda s, c: c.__setitem__("truncated_vocab_size", 12), "needs a token_map of 12 token ids"),
+])
+def test_bad_reduced_vocabularies_are_refused_in_one_line(tmp_path, target, change, message):
+    from safetensors.torch import load_file, save_file
+
+    path = write_vllm_medusa(tmp_path / "heads", target, truncated=16)
+    state, config = load_file(str(path / "model.safetensors")), json.loads((path / "config.json").read_text())
+    change(state, config)
+    save_file(state, str(path / "model.safetensors"))
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(SpecdecError, match=message) as info:
+        load_draft(f"medusa:{path}", Target(target, None))
+    assert "\n" not in str(info.value)
 
 
 @pytest.mark.parametrize("layers", [1, 2])

@@ -112,21 +112,14 @@ def _write(out: Path, state: dict[str, torch.Tensor], config: dict, files: dict 
 
 
 def _medusa(head: Path, to: str, out: Path) -> Export:
-    """Medusa heads in vLLM's layout (``model_executor/models/medusa.py``, ``MedusaConfig``): ``blocks.i.layers.j``
-    (the one ResBlock applied L times written at each j, with ``medusa_fc_bias``), ``lm_heads.i``, the whole
-    vocabulary. SGLang has no Medusa reader."""
+    """Medusa heads in vLLM's layout (``model_executor/models/medusa.py``, ``MedusaConfig``;
+    :func:`~specdraft_eval.drafts.medusa.vllm_files`): the whole vocabulary, or a reduced one with its ``token_map``.
+    SGLang has no Medusa reader."""
     if to != "vllm":
         raise SpecdecError(f"{to} has no Medusa reader: export Medusa heads --to vllm, or serve an EAGLE head there")
     heads, config = medusa.read_heads(head)
-    state = {f"lm_heads.{i}.weight": out_layer.weight for i, out_layer in enumerate(heads.out)}
-    for i, block in enumerate(heads.blocks):
-        for j in range(heads.layers):
-            state |= {f"blocks.{i}.layers.{j}.weight": block.weight.clone(),  # one tensor per name
-                      f"blocks.{i}.layers.{j}.bias": block.bias.clone()}
-    hidden, vocab = heads.out[0].in_features, heads.out[0].out_features
-    written = {"model_type": "medusa", "architectures": ["MedusaModel"], "hidden_size": hidden, "vocab_size": vocab,
-               "num_heads": len(heads.out), "num_hidden_layers": heads.layers, "truncated_vocab_size": vocab,
-               "medusa_fc_bias": True, **{k: v for k, v in config.items() if k == "medusa_choices"}}
+    state, written = medusa.vllm_files(heads)
+    written |= {k: v for k, v in config.items() if k == "medusa_choices"}
     _write(out, state, written)
     return Export(str(out.resolve()), to, "medusa", speculative_config(f"medusa:{out.resolve()}@1", len(heads.out)),
                   ["vLLM's Medusa proposer drafts top-1 chains: serve it as medusa:DIR@1 (its trees run here)"])

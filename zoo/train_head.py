@@ -17,10 +17,12 @@ on the target's own text and hidden states.
    test: ``--unroll`` (>= 3) steps, each later one on the head's own outputs, attending exactly as the drafter's
    cache lets it when drafting (:func:`unrolled_mask`), step i weighted 0.8^(i-1) as upstream's.
 
-Medusa (``--kind medusa``, FasterDecoding/Medusa's layout): K heads on the same features, head i a ResBlock
-(zero-initialised, as Medusa does) and the target's own output head, trained with cross-entropy on the token at
-t + 2 + i of the target's continuation (its own text: self-distillation); the output heads stay the target's (frozen),
-so a head costs one ResBlock and one vocabulary projection.
+Medusa (``--kind medusa``): K heads on the same features, head i a ResBlock (zero-initialised, as Medusa does) and
+the target's own output head, trained with cross-entropy on the token at t + 2 + i of the target's continuation (its
+own text: self-distillation); the output heads stay the target's (frozen), so a head costs one ResBlock and one
+vocabulary projection. Saved with ``--vocab-top K`` (the default) as vLLM reduces a Medusa vocabulary (its layout,
+the output rows of the K commonest tokens and their ``token_map``: vLLM's recipe, applied after training as the rows
+are frozen); with ``--vocab-top 0`` in FasterDecoding/Medusa's layout, over the whole vocabulary.
 
 State lives in a work folder beside ``out`` (``.OUT.train``: the data, checkpoints every few minutes); the same
 command resumes from it; ``out`` is written atomically at the end and the work folder removed.
@@ -44,6 +46,7 @@ import torch.nn.functional as F
 
 from specdraft_eval.drafts.eagle import HEAD_FILE, HEAD_FORMAT, EagleHead, default_taps, new_eagle3_head, new_head
 from specdraft_eval.drafts.medusa import MedusaHeads
+from specdraft_eval.drafts.medusa import vllm_files as medusa_vllm_files
 from specdraft_eval.drafts.ngram import vocab_fingerprint
 from specdraft_eval.engine import kv_cache
 from specdraft_eval.engine.drafter import FINAL
@@ -351,10 +354,26 @@ def medusa_losses(heads: MedusaHeads, ids: torch.Tensor, feats: torch.Tensor) ->
     return total, agreement
 
 
-def save_medusa(directory: Path, heads: MedusaHeads, target_name: str, meta: dict) -> None:
-    """Medusa's layout: ``config.json`` (``medusa_num_heads``, ``medusa_num_layers``, ``base_model_name_or_path``, and
-    our training record) and ``medusa_lm_head.pt`` (per head i: ``i.j.linear`` for each of its L ResBlock slots, one
-    set of weights as upstream shares them, and ``i.L.weight``)."""
+def save_medusa(directory: Path, heads: MedusaHeads, target_name: str, meta: dict,
+                token_ids: list[int] | None = None) -> None:
+    """With ``token_ids``: vLLM's layout (:func:`~specdraft_eval.drafts.medusa.vllm_files`) cut to those tokens'
+    output rows, their ``token_map`` in ``model.safetensors``. Without: Medusa's layout, ``config.json``
+    (``medusa_num_heads``, ``medusa_num_layers``) and ``medusa_lm_head.pt`` (per head i: ``i.j.linear`` for each of
+    its L ResBlock slots, one set of weights as upstream shares them, and ``i.L.weight``). Both configs carry
+    ``base_model_name_or_path`` and our training record."""
+    record = {"base_model_name_or_path": target_name, "specdraft_eval": {k: v for k, v in meta.items()
+                                                                          if k != "token_ids"}}
+    if token_ids:
+        from safetensors.torch import save_file
+
+        token_map = torch.as_tensor(token_ids, dtype=torch.long)
+        cut = MedusaHeads(len(heads.out), heads.layers, heads.out[0].in_features, heads.vocab_size, token_map)
+        cut.load_state_dict({**heads.state_dict(), **{f"out.{i}.weight": out.weight.detach().cpu()[token_map]
+                                                      for i, out in enumerate(heads.out)}, "token_map": token_map})
+        state, config = medusa_vllm_files(cut)
+        save_file(state, str(directory / "model.safetensors"))
+        (directory / "config.json").write_text(json.dumps(config | record, indent=1, default=str))
+        return
     state = {}
     for i, (block, out) in enumerate(zip(heads.blocks, heads.out)):
         for j in range(heads.layers):
@@ -363,8 +382,7 @@ def save_medusa(directory: Path, heads: MedusaHeads, target_name: str, meta: dic
         state[f"{i}.{heads.layers}.weight"] = out.weight.detach().cpu().contiguous()
     torch.save(state, directory / "medusa_lm_head.pt")
     (directory / "config.json").write_text(json.dumps(
-        {"medusa_num_heads": len(heads.out), "medusa_num_layers": heads.layers, "base_model_name_or_path": target_name,
-         "specdraft_eval": meta}, indent=1, default=str))
+        {"medusa_num_heads": len(heads.out), "medusa_num_layers": heads.layers} | record, indent=1, default=str))
 
 
 class _Work:
@@ -460,7 +478,7 @@ def train_head(model: str, out: Path, settings: HeadTraining = HeadTraining(), l
         log(f"{sum(map(len, sequences))} tokens with features, {generated} of them generated")
         work.save("data.pt", data)
     sequences, features = data["sequences"], data["features"]
-    token_ids = None if settings.medusa else top_tokens(sequences, settings.vocab_top)
+    token_ids = top_tokens(sequences, settings.vocab_top)
     torch.manual_seed(settings.seed)
     recipe = _recipe(target, model, settings, token_ids)
     head, losses = recipe.head, recipe.losses
@@ -518,7 +536,7 @@ def _recipe(target, model: str, settings: HeadTraining, token_ids: list[int] | N
     if settings.medusa:
         heads = new_medusa(target, settings)
         return _Recipe(heads, lambda ids, feats, noise=True: medusa_losses(heads, ids, feats),
-                       lambda tmp, meta: save_medusa(tmp, heads, model, meta), settings.medusa_heads + 1)
+                       lambda tmp, meta: save_medusa(tmp, heads, model, meta, token_ids), settings.medusa_heads + 1)
     if settings.kind == "eagle3":
         head = new_eagle3_head(target, token_ids, settings.seed).float()
         rows = kernels.output_weight(target).float()

@@ -7,8 +7,12 @@ K and ``medusa_num_layers`` L, and ``medusa_lm_head.pt`` (or ``.safetensors``) h
 repeated L times, so one set of weights serves every j) and ``i.L.weight`` its output layer (H -> vocabulary, no
 bias); vLLM's (``model_executor/models/medusa.py``, what ``zoo export --to vllm`` writes): ``model_type: medusa``,
 ``num_heads``, ``num_hidden_layers``, ``medusa_fc_bias``, weights ``blocks.i.layers.j`` and ``lm_heads.i`` (its
-blocks must be equal across j: we apply one block L times). Head i reads the target's last hidden state (after the
-final norm) at position t and predicts the token at t + 2 + i (the target's own head predicts t + 1).
+blocks must be equal across j: we apply one block L times), with vLLM's two options: a reduced vocabulary
+(``truncated_vocab_size`` T below ``vocab_size``, and a ``token_map`` weight of T token ids; the ``lm_heads`` rows are
+those tokens', or the whole vocabulary's, which vLLM then indexes by the map; every other token is never drafted) and
+``original_lm_head`` (one output layer, ``lm_heads.0`` or ``lm_head``, shared by every head). Head i reads the
+target's last hidden state (after the final norm) at position t and predicts the token at t + 2 + i (the target's
+own head predicts t + 1).
 
 The tree: path (r_0, ..., r_d) is the r_d-th likeliest token of head d below the path (r_0, ..., r_{d-1}) (heads do
 not read the drafted tokens). Its paths: the config's ``medusa_choices`` (Medusa's format) where it has them, else
@@ -37,13 +41,20 @@ DEFAULT_TOPK = 4
 
 
 class MedusaHeads(nn.Module):
-    """K heads, each a ResBlock (applied L times, one set of weights) and an output layer: [H] -> [K, vocab]."""
+    """K heads, each a ResBlock (applied L times, one set of weights) and an output layer: [H] -> [K, T], T the
+    ``vocab`` or, with a ``token_map`` (T token ids of the ``vocab``), the tokens it names."""
 
-    def __init__(self, heads: int, layers: int, hidden: int, vocab: int) -> None:
+    def __init__(self, heads: int, layers: int, hidden: int, vocab: int, token_map: torch.Tensor | None = None) -> None:
         super().__init__()
-        self.layers = layers
+        self.layers, self.vocab_size = layers, vocab
+        rows = vocab if token_map is None else len(token_map)
         self.blocks = nn.ModuleList([nn.Linear(hidden, hidden) for _ in range(heads)])
-        self.out = nn.ModuleList([nn.Linear(hidden, vocab, bias=False) for _ in range(heads)])
+        self.out = nn.ModuleList([nn.Linear(hidden, rows, bias=False) for _ in range(heads)])
+        self.register_buffer("token_map", token_map)
+
+    def tokens(self, indices: torch.Tensor) -> torch.Tensor:
+        """Token ids of output rows ``indices``."""
+        return indices if self.token_map is None else self.token_map[indices]
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         rows = []
@@ -92,7 +103,7 @@ class MedusaDrafter(DrafterBase):
         with torch.no_grad():
             logits = self.model(self._last.to(self.model.out[0].weight.dtype))  # [K, vocab]
         ranks = [1 + max(p[-1] for p in paths if len(p) == depth) for depth in range(1, 1 + max(map(len, paths)))]
-        top = [logits[d].topk(k).indices.tolist() for d, k in enumerate(ranks)]
+        top = [self.model.tokens(logits[d].topk(k).indices).tolist() for d, k in enumerate(ranks)]
         drafted = [top[len(path) - 1][path[-1]] for path in paths]
         if all(rank == 0 for path in paths for rank in path):
             return Proposal(drafted)  # a chain
@@ -119,12 +130,18 @@ def read_heads(directory: Path) -> tuple[MedusaHeads, dict]:
     except (KeyError, TypeError, ValueError):
         raise SpecdecError(f"Medusa heads {directory}: config.json lacks medusa_num_heads (num_heads in vLLM's "
                            "layout): not a Medusa head directory") from None
+    token_map, vocab = None, None
     if vllm:  # vLLM's medusa.py: blocks.i.layers.j (bias with medusa_fc_bias), lm_heads.i; medusa_heads. stripped
         state = {k.removeprefix("medusa_heads."): v for k, v in state.items()}
+        token_map, vocab = _token_map(directory, config, state)
         parts = ("weight", "bias") if config.get("medusa_fc_bias") else ("weight",)
         expected = {f"blocks.{i}.layers.{j}.{p}" for i in range(heads) for j in range(layers) for p in parts}
-        expected |= {f"lm_heads.{i}.weight" for i in range(heads)}
         block, out = "blocks.{i}.layers.{j}.", "lm_heads.{i}.weight"
+        if config.get("original_lm_head"):  # one output layer for every head (vLLM reads lm_heads.0 as lm_head)
+            out = "lm_head.weight" if "lm_head.weight" in state else "lm_heads.0.weight"
+            expected.add(out)
+        else:
+            expected |= {f"lm_heads.{i}.weight" for i in range(heads)}
     else:  # FasterDecoding/Medusa: i.j.linear for its ResBlock slots, i.L its output layer
         expected = {f"{i}.{j}.linear.{p}" for i in range(heads) for j in range(layers) for p in ("weight", "bias")}
         expected |= {f"{i}.{layers}.weight" for i in range(heads)}
@@ -135,8 +152,13 @@ def read_heads(directory: Path) -> tuple[MedusaHeads, dict]:
             f"lacks {', '.join(missing[:3])}"
         raise SpecdecError(f"Medusa heads {directory} {what} (config: {heads} heads, {layers} layers): use heads "
                            "saved by FasterDecoding/Medusa or vLLM's Medusa layout")
-    hidden, vocab = state[out.format(i=0)].shape[1], state[out.format(i=0)].shape[0]
-    module, weights = MedusaHeads(heads, layers, hidden, vocab), {}
+    hidden, rows = state[out.format(i=0)].shape[1], state[out.format(i=0)].shape[0]
+    vocab = vocab or rows
+    if rows not in (vocab, len(token_map) if token_map is not None else vocab):
+        raise SpecdecError(f"Medusa heads {directory}: output layers of {rows} rows for a vocabulary of {vocab}"
+                           f"{f' reduced to {len(token_map)}' if token_map is not None else ''}: use heads whose "
+                           "config matches their weights")
+    module, weights = MedusaHeads(heads, layers, hidden, vocab, token_map), {}
     for i in range(heads):
         slots = [block.format(i=i, j=j) for j in range(layers)]
         if any(not torch.equal(state[slot + p], state[slots[0] + p]) for slot in slots for p in ("weight", "bias")
@@ -145,20 +167,59 @@ def read_heads(directory: Path) -> tuple[MedusaHeads, dict]:
                                "applied L times (FasterDecoding/Medusa's): use heads trained that way")
         weights[f"blocks.{i}.weight"] = state[slots[0] + "weight"] if layers else torch.zeros(hidden, hidden)
         weights[f"blocks.{i}.bias"] = state.get(slots[0] + "bias", torch.zeros(hidden)) if layers else torch.zeros(hidden)
-        weights[f"out.{i}.weight"] = state[out.format(i=i)]
+        rows_i = state[out.format(i=i)]
+        weights[f"out.{i}.weight"] = rows_i[token_map] if token_map is not None and len(rows_i) == vocab else rows_i
+    if token_map is not None:
+        weights["token_map"] = token_map
     load_into(module, weights, directory, WHAT)
     return module, config
+
+
+def _token_map(directory: Path, config: dict, state: dict) -> tuple[torch.Tensor | None, int | None]:
+    """vLLM's reduced vocabulary: the ``token_map`` (popped from ``state``) where ``truncated_vocab_size`` is below
+    ``vocab_size`` (vLLM ignores a map otherwise), and the whole vocabulary's size (None: the config has none)."""
+    mapped = state.pop("token_map", None)
+    if "vocab_size" not in config:
+        return None, None
+    vocab = int(config["vocab_size"])
+    truncated = int(config.get("truncated_vocab_size") or vocab)
+    if truncated >= vocab:
+        return None, vocab
+    if mapped is None or tuple(mapped.shape) != (truncated,) or mapped.is_floating_point():
+        raise SpecdecError(f"Medusa heads {directory}: truncated_vocab_size {truncated} below vocab_size {vocab} "
+                           f"needs a token_map of {truncated} token ids in the weights (vLLM's reduced vocabulary): add "
+                           "it or drop truncated_vocab_size")
+    if int(mapped.min()) < 0 or int(mapped.max()) >= vocab:
+        raise SpecdecError(f"Medusa heads {directory}: token_map names tokens outside the vocabulary of {vocab}: use "
+                           "the map the heads were trained with")
+    return mapped.long(), vocab
 
 
 def load_heads(directory: Path, target) -> tuple[MedusaHeads, dict]:
     """:func:`read_heads`, checked against ``target``'s width and vocabulary, on its device and dtype."""
     module, config = read_heads(directory)
-    hidden, vocab = module.out[0].in_features, module.out[0].out_features
+    hidden, vocab = module.out[0].in_features, module.vocab_size
     if (hidden, vocab) != (target.config.hidden_size, target.config.vocab_size):
         raise SpecdecError(f"Medusa heads {directory} are {hidden} wide over {vocab} tokens; the target is "
                            f"{target.config.hidden_size} over {target.config.vocab_size}: use heads trained for it")
     param = next(target.parameters())
-    return module.to(param.device, param.dtype).eval().requires_grad_(False), config
+    return module.to(param.device, param.dtype).eval().requires_grad_(False), config  # token_map stays integer
+
+
+def vllm_files(heads: MedusaHeads) -> tuple[dict[str, torch.Tensor], dict]:
+    """``heads`` in vLLM's layout: its weights (``blocks.i.layers.j``, the one ResBlock written at each j, with
+    ``medusa_fc_bias``; ``lm_heads.i``; a reduced vocabulary's ``token_map``) and its config's fields."""
+    state = {f"lm_heads.{i}.weight": out.weight.detach().cpu().contiguous() for i, out in enumerate(heads.out)}
+    for i, block in enumerate(heads.blocks):
+        for j in range(heads.layers):
+            state |= {f"blocks.{i}.layers.{j}.weight": block.weight.detach().cpu().clone(),  # one tensor per name
+                      f"blocks.{i}.layers.{j}.bias": block.bias.detach().cpu().clone()}
+    if heads.token_map is not None:
+        state["token_map"] = heads.token_map.cpu().long()
+    config = {"model_type": "medusa", "architectures": ["MedusaModel"], "hidden_size": heads.out[0].in_features,
+              "vocab_size": heads.vocab_size, "truncated_vocab_size": heads.out[0].out_features,
+              "num_heads": len(heads.out), "num_hidden_layers": heads.layers, "medusa_fc_bias": True}
+    return state, config
 
 
 def vllm_layout(config: dict) -> bool:
