@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -23,22 +24,32 @@ from specdraft_eval.models.targets import Target
 PROMPTS = [[5, 9, 2, 7, 7, 3, 11, 4, 5, 9, 2], [3, 4, 5, 6], list(range(2, 30)), [7, 7, 7, 9, 7, 7]]
 
 
-def generate(model, tokenizer, specs: list[str], prompts: list[list[int]] = PROMPTS, tokens: int = 20,
-             singles: int | None = None) -> dict[str, list]:
-    """Every draft's outputs: greedy one prompt at a time (the first ``singles``), greedy as a batch, sampled as a
-    batch, ``tokens`` new tokens each."""
-    sampled = DecodeParams(tokens, 4, do_sample=True, temperature=1.0, seed=3)
+@dataclass(frozen=True)
+class Workload:
+    """What each process generates: ``tokens`` new tokens for ``prompts``, the first ``singles`` (None: all) one at a
+    time, all of them as a batch, greedy and (with ``sampled``) sampled with a seed."""
+
+    prompts: list[list[int]] = field(default_factory=lambda: PROMPTS)
+    tokens: int = 20
+    singles: int | None = None
+    sampled: bool = True
+
+
+def generate(model, tokenizer, specs: list[str], work: Workload = Workload()) -> dict[str, list]:
+    """Every draft's outputs for ``work``, and plain decoding's."""
+    prompts, tokens, singles = work.prompts, work.tokens, work.singles
     out = {"plain": [autoregressive_generate(model, p, tokens)[0] for p in prompts[:singles]]}
     for spec in specs:
         draft = load_draft(spec, Target(model, tokenizer))
         out[spec] = [speculative_generate(model, draft, p, tokens, num_draft_tokens=4)[0] for p in prompts[:singles]]
         out[f"{spec} batch"] = speculative_generate_batch(model, draft, prompts, DecodeParams(tokens, 4))[0]
-        out[f"{spec} sampled"] = speculative_generate_batch(model, draft, prompts, sampled)[0]
+        if work.sampled:
+            sampled = DecodeParams(tokens, 4, do_sample=True, temperature=1.0, seed=3)
+            out[f"{spec} sampled"] = speculative_generate_batch(model, draft, prompts, sampled)[0]
     return out
 
 
-def _rank(rank: int, world: int, port: int, path: str, specs: list[str], out: str,
-          prompts: list[list[int]] = PROMPTS, tokens: int = 20, singles: int | None = None) -> None:
+def _rank(rank: int, world: int, port: int, path: str, specs: list[str], out: str, work: Workload) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -50,7 +61,7 @@ def _rank(rank: int, world: int, port: int, path: str, specs: list[str], out: st
 
     model = AutoModelForCausalLM.from_pretrained(path, tp_plan="auto", dtype=torch.float32)
     weight = model.model.layers[0].self_attn.q_proj.weight
-    result = {"outputs": generate(model, AutoTokenizer.from_pretrained(path), specs, prompts, tokens, singles),
+    result = {"outputs": generate(model, AutoTokenizer.from_pretrained(path), specs, work),
               "local_rows": weight.to_local().shape[0], "rows": weight.shape[0], "runtime": str(runtime_of(model))}
     ranks_agree(model, result["outputs"]["plain"], "the same outputs")  # agreeing ranks pass
     try:
@@ -74,14 +85,12 @@ def runs(tmp_path_factory):
     return ranks, generate(single, AutoTokenizer.from_pretrained(str(path)), specs)
 
 
-def spawn(world: int, path: Path, specs: list[str], out: Path, prompts: list[list[int]] = PROMPTS,
-          tokens: int = 20, singles: int | None = None) -> list[dict]:
-    """Run :func:`_rank` in ``world`` gloo processes (:func:`generate`'s arguments after ``specs``); each rank's
-    result."""
+def spawn(world: int, path: Path, specs: list[str], out: Path, work: Workload = Workload()) -> list[dict]:
+    """Run :func:`_rank` in ``world`` gloo processes; each rank's result."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_rank, args=(world, port, str(path), specs, str(out), prompts, tokens, singles), nprocs=world)
+    mp.spawn(_rank, args=(world, port, str(path), specs, str(out), work), nprocs=world)
     return [json.loads(Path(f"{out}.{r}").read_text()) for r in range(world)]
 
 
@@ -96,8 +105,8 @@ def test_two_sharded_processes_generate_what_one_does(runs):
 def test_three_sharded_processes_on_the_embedded_default_generate_what_one_does(tmp_path):
     """SmolLM2-135M-Instruct (the embedded default) has 3 key/value heads, so 3 processes is the smallest degree
     above one that shards it: prompt lookup, a 5-layer view, a model draft (two of its layers, saved apart) and the
-    shipped EAGLE head (chain and tree), batch 1 and 4, greedy and sampled, 12 tokens on code prompts: every rank
-    generates one unsharded process's tokens."""
+    shipped EAGLE head, batch 1 and 4, greedy, 12 tokens on code prompts (trees and sampling: the test above): every
+    rank generates one unsharded process's tokens."""
     from conftest import ROOT
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -112,12 +121,12 @@ def test_three_sharded_processes_on_the_embedded_default_generate_what_one_does(
     two.save_pretrained(tmp_path / "two-layers")
     tokenizer.save_pretrained(tmp_path / "two-layers")
     head = ROOT / "leaderboard" / "drafts" / "smollm2-eagle"
-    specs = ["prompt-lookup", "layers:0-4", str(tmp_path / "two-layers"), f"eagle:{head}", f"eagle:{head}@2x3"]
+    specs = ["prompt-lookup", "layers:0-4", str(tmp_path / "two-layers"), f"eagle:{head}"]  # trees: the test above
     texts = ["def add(a, b):\n    return a + b\n\ndef sub(a, b):\n", "for i in range(10):\n    print(i)\n",
              "import os\nimport sys\n\n", "class Stack:\n    def __init__(self):\n        self.items = []\n"]
-    prompts = [tokenizer(t).input_ids for t in texts]
-    ranks = spawn(3, path, specs, tmp_path / "out", prompts, tokens=12, singles=1)
-    expected = generate(single, tokenizer, specs, prompts, tokens=12, singles=1)
+    work = Workload([tokenizer(t).input_ids for t in texts], tokens=12, singles=1, sampled=False)
+    ranks = spawn(3, path, specs, tmp_path / "out", work)
+    expected = generate(single, tokenizer, specs, work)
     assert all(r["local_rows"] * 3 == r["rows"] and r["runtime"].endswith(" tp3") for r in ranks)
     for key, outputs in expected.items():
         assert all(r["outputs"][key] == outputs for r in ranks), key
