@@ -366,6 +366,10 @@ def save_medusa(directory: Path, heads: MedusaHeads, target_name: str, meta: dic
     if token_ids:
         from safetensors.torch import save_file
 
+        if heads.token_map is not None:
+            raise SpecdecError("these Medusa heads already have a reduced vocabulary: cut heads over the whole "
+                               "vocabulary (--vocab-top 0)")
+
         token_map = torch.as_tensor(token_ids, dtype=torch.long)
         cut = MedusaHeads(len(heads.out), heads.layers, heads.out[0].in_features, heads.vocab_size, token_map)
         cut.load_state_dict({**heads.state_dict(), **{f"out.{i}.weight": out.weight.detach().cpu()[token_map]
