@@ -151,7 +151,7 @@ class SpecDecLM(HFLM):
             log.warning("parallelize=true spreads the target over GPUs (accelerate's device_map); none is visible, "
                         "so it runs on the CPU")
             kwargs["parallelize"] = False
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available():
+        if world > 1 and not torch.cuda.is_available():
             os.environ.setdefault("ACCELERATE_USE_CPU", "1")  # several processes on CPUs: accelerate's gloo group
         try:
             super().__init__(pretrained=pretrained, device=device, use_kernels=self.use_kernels, **kwargs)
