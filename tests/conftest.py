@@ -11,6 +11,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from specdraft_eval.measure.record import Runtime
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
@@ -83,3 +85,7 @@ def run_cli(*args: str, timeout: int = 900, env: dict | None = None, cwd: Path =
         timeout=timeout,
         env=full_env,
     )
+
+
+RUNTIME = Runtime("float32", "onednn", attention="sdpa")
+"""A complete runtime, as today's code records it (records without one are left out of boards and auto)."""

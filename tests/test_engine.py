@@ -12,6 +12,7 @@ from specdraft_eval.drafts.layers import layer_view
 from specdraft_eval.drafts.model import ModelDrafter
 from specdraft_eval.drafts.ngram import NGramDrafter
 from specdraft_eval.drafts.prompt_lookup import PromptLookupDrafter
+from specdraft_eval.engine.params import StopCheck, first_stop
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +36,11 @@ def on_policy(target) -> list[list[int]]:
     """The target's own greedy continuations of prompts other than the tests' (what `zoo ngram` builds from)."""
     prompts = [torch.randint(0, 64, (1, 6), generator=torch.Generator().manual_seed(100 + i)) for i in range(6)]
     return [hf_greedy(target, p, 40) for p in prompts]
+
+
+def stop_when(predicate) -> StopCheck:
+    """A stop check from a predicate over the tokens so far: the shortest prefix it holds for."""
+    return lambda new: first_stop(new, 0, lambda end: predicate(new[:end]))
 
 
 def hf_greedy(model, prompt: torch.Tensor, n: int) -> list[int]:
@@ -83,8 +89,8 @@ def test_eos_ends_generation_and_is_kept(target):
 
 def test_stop_callback_and_budget(target):
     prompt = torch.arange(8)[None]
-    out, _ = speculative_generate(target, drafts(target)["self"], prompt, 30, stop=lambda new: len(new) >= 7)
-    assert 7 <= len(out) <= 7 + 4 + 1
+    out, _ = speculative_generate(target, drafts(target)["self"], prompt, 30, stop=stop_when(lambda new: len(new) >= 7))
+    assert len(out) == 7
     out, _ = speculative_generate(target, drafts(target)["self"], prompt, 6, num_draft_tokens=4)
     assert len(out) == 6
     assert speculative_generate(target, PromptLookupDrafter(), prompt, 0)[0] == []

@@ -10,23 +10,23 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from conftest import RUNTIME, run_cli
 
 from specdraft_eval.errors import SpecdecError
-from specdraft_eval.measure.record import Runtime, SpecdecRecord
+from specdraft_eval.measure.record import Runtime, SpecdecRecord, read_results
 from specdraft_eval.measure.stats import GenerationStats
 
 
 def write_result(folder: Path, draft: str, tps_scale: float, task_acc: float = 0.5,
                  target: str = "smollm2-135m-instruct", baseline: bool = True, accepted: int = 12,
-                 dynamic: bool = False, runtime: Runtime = Runtime()) -> Path:
+                 dynamic: bool = False, runtime: Runtime = RUNTIME) -> Path:
     """A results file of one run; ``accepted``: tokens accepted on HumanEval in its 10 steps (TAR 1 + accepted/10)."""
     stats = {
         "specdec_humaneval": GenerationStats(1, 10, 30, accepted, 10 + accepted, 0.1, 0.3 / tps_scale, 0.5,
                                              1.0 / tps_scale, 10 + accepted, 1.2,
-                                             [10, 10, 10], [6, 4, 2], [4, 2, 2, 2], [2.2]),
+                                             [10, 10, 10], [6, 4, 2], [4, 2, 2, 2], [0, 0, 0, 10], [2.2]),
         "specdec_mmlu_cot": GenerationStats(1, 10, 30, 6, 16, 0.1, 0.3, 0.5, 0.9, 16, 1.0,
-                                            [10, 10, 10], [4, 2, 0], [6, 2, 2, 0], [1.6]),
+                                            [10, 10, 10], [4, 2, 0], [6, 2, 2, 0], [0, 0, 0, 10], [1.6]),
     }
     if not baseline:
         for figures in stats.values():
@@ -144,7 +144,7 @@ def test_unusable_named_file_is_an_error_and_nothing_is_written(results, tmp_pat
     assert not out.exists() or list(out.iterdir()) == []
 
 
-def test_version_1_files_are_converted(results, tmp_path):
+def test_version_1_files_are_converted_and_left_off_the_board(results, tmp_path):
     path = next(results.rglob("results_*prompt*.json"))
     data = json.loads(path.read_text())
     block = data["config"]["specdec"]
@@ -154,12 +154,15 @@ def test_version_1_files_are_converted(results, tmp_path):
         figures["mean_accepted_length"], figures["tar"] = figures["tar"], figures.pop("accepted_per_step")
         del figures["counters"]
     path.write_text(json.dumps(data))
+    record = read_results(path).record
+    assert record.per_task["specdec_humaneval"].tar == pytest.approx(old_tar + 1, abs=1e-3)
+    assert record.per_task["specdec_humaneval"].accepted_per_step == pytest.approx(old_tar, abs=1e-3)
+    assert not record.current  # read, but measured by older code: left off the board, with a warning
     out = tmp_path / "out"
-    assert build(results, out).returncode == 0
+    done = build(results, out)
+    assert done.returncode == 0 and "measured by older code" in done.stderr and str(path) in done.stderr
     rows = list(csv.DictReader((out / "leaderboard.csv").open()))
-    row = next(r for r in rows if r["draft"] == "prompt-lookup:3" and r["task"] == "specdec_humaneval")
-    assert float(row["tar"]) == pytest.approx(old_tar + 1, abs=1e-3)
-    assert float(row["accepted_per_step"]) == pytest.approx(old_tar, abs=1e-3)
+    assert rows and not any(r["draft"] == "prompt-lookup:3" for r in rows)
 
 
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="Debian's chromium is not installed (.ci/run installs it)")
@@ -254,7 +257,7 @@ def test_runs_of_another_runtime_are_another_row_and_never_merge(tmp_path, other
 def write_score(folder: Path, model: str, bits: dict[str, float], as_draft: bool = True) -> Path:
     """A scoring run (the tasks' ``_lm`` variants): ``model`` scored as the draft (``score=draft``) or the target."""
     block = SpecdecRecord.new("smollm2-135m-instruct" if as_draft else model, model if as_draft else "prompt-lookup", 4,
-                              False, "cpu", {}, score="draft" if as_draft else "target").to_block()
+                              False, "cpu", {}, score="draft" if as_draft else "target", runtime=RUNTIME).to_block()
     data = {"results": {f"{task}_lm": {"bits_per_byte,none": value, "bits_per_byte_stderr,none": "N/A"}
                         for task, value in bits.items()}, "config": {"specdec": block}, "date": 1764700000.0}
     folder.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import run_cli
 
+from specdraft_eval.measure.record import sample_figures
 from specdraft_eval.models.targets import resolve
 
 pytestmark = pytest.mark.slow
@@ -21,7 +22,9 @@ SPECDEC_KEYS = {
     "target", "draft", "num_draft_tokens", "steps", "draft_tokens", "accepted_tokens", "generated_tokens", "tar",
     "accepted_per_step", "acceptance_rate", "drafted_per_position", "accepted_per_position",
     "acceptance_length_histogram", "per_request_mean_accepted_length", "acceptance_rate_per_position", "draft_ms_per_token", "verify_ms_per_step", "tokens_per_second",
-    "baseline_tokens_per_second", "speedup", "predicted_tokens_per_second", "per_task",
+    "baseline_tokens_per_second", "speedup", "predicted_tokens_per_second", "per_task", "baseline_tokens",
+    "overshoot_tokens", "mean_acceptance_length", "conditional_acceptance_per_position", "accept_length",
+    "mean_accepted_tokens",
 }
 
 
@@ -74,5 +77,12 @@ def test_greedy_output_identical_to_hf(hf_run, tmp_path, draft, batch_size):
         assert sum(figures["accepted_per_position"]) == figures["accepted_tokens"]
         assert sum(figures["acceptance_length_histogram"]) == figures["steps"]
     assert "accept by position" in (tmp_path / "stdout.txt").read_text()
+    for task in TASKS:  # --log_samples: each request's own figures, adding up to the task's
+        requests = [sample_figures(sample) for sample in samples[task]]
+        figures = block["per_task"][task]
+        for key in ("generated_tokens", "steps", "accepted_tokens", "draft_tokens", "overshoot_tokens"):
+            assert sum(r[key] for r in requests) == figures[key]
+        assert sum(r["baseline_tokens"] for r in requests) == figures["baseline_tokens"]
+        assert all(r["baseline_tokens"] == r["generated_tokens"] and r["baseline_ms"] > 0 for r in requests)
 
 

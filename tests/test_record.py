@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_cli, save_tiny, tiny_llama
+from conftest import RUNTIME, run_cli, save_tiny, tiny_llama
 from test_engine import drafts
 from test_zoo_cli import assert_one_line_error, zoo_json
 
@@ -176,8 +176,8 @@ def test_an_atomic_folder_gets_the_umasks_permissions_whatever_its_writers_used(
 
 def good_results(folder: Path, draft: str = "prompt-lookup:3", gamma: int = 3, target: str = "t") -> Path:
     stats = GenerationStats(3, 10, 30, 12, 22, 0.1, 0.3, 0.5, 1.0, 22, 1.2, [10, 10, 10], [6, 4, 2], [4, 2, 2, 2],
-                            [2.0, 2.2, 2.4])
-    record = SpecdecRecord.new(target, draft, gamma, False, "cpu", {"specdec_humaneval": stats})
+                            [0, 0, 0, 10], [2.0, 2.2, 2.4])
+    record = SpecdecRecord.new(target, draft, gamma, False, "cpu", {"specdec_humaneval": stats}, runtime=RUNTIME)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"results_{draft.replace(':', '_').replace(',', '_').replace('/', '_')}_{gamma}.json"
     path.write_text(json.dumps({"results": {"specdec_humaneval": {"pass@1,none": 0.0}},

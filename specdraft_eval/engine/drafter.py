@@ -40,12 +40,17 @@ class Proposal:
         return self.parents if self.parents is not None else list(range(-1, len(self.tokens) - 1))
 
     @property
-    def depth(self) -> int:
-        """Nodes on the longest root-to-leaf path (a chain: its length)."""
+    def depths(self) -> list[int]:
+        """Each node's depth (1: a child of the root)."""
         depths: list[int] = []
         for parent in self.tree:
             depths.append(1 + (depths[parent] if parent >= 0 else 0))
-        return max(depths, default=0)
+        return depths
+
+    @property
+    def depth(self) -> int:
+        """Nodes on the longest root-to-leaf path (a chain: its length)."""
+        return max(self.depths, default=0)
 
 
 def merge(continuations: list[list[int]], budget: int) -> Proposal:

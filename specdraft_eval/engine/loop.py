@@ -49,12 +49,33 @@ def _check_context(target, prompt: list[int], max_new_tokens: int) -> list[int]:
     return prompt
 
 
-def _finish(tokens: list[int], eos: set[int], max_new_tokens: int) -> tuple[list[int], bool]:
-    """Cut at the first EOS (kept) and at the budget; say whether generation is over."""
+def _finish(tokens: list[int], eos: set[int], max_new_tokens: int, stop: StopCheck | None) -> tuple[list[int], bool]:
+    """Cut at the first EOS (kept), at the budget and where ``stop`` says a stop sequence completes (kept); say
+    whether generation is over."""
     for i, token in enumerate(tokens[:max_new_tokens]):
         if token in eos:
-            return tokens[: i + 1], True
-    return tokens[:max_new_tokens], len(tokens) >= max_new_tokens
+            tokens = tokens[: i + 1]
+            break
+    tokens = tokens[:max_new_tokens]
+    done = len(tokens) >= max_new_tokens or bool(tokens) and tokens[-1] in eos
+    end = stop(tokens) if stop is not None else None
+    if end is not None:
+        if isinstance(end, bool) or not isinstance(end, int) or not 1 <= end <= len(tokens):
+            raise SpecdecError(f"a stop check returned {end!r} for {len(tokens)} tokens: it must return how many "
+                               "tokens to keep (1..len) or None (see engine.params.StopCheck)")
+        return tokens[:end], True
+    return tokens, done
+
+
+def _counted(proposal: Proposal, path: list[int], kept: int) -> tuple[int, int, int]:
+    """(drafted, accepted, depth) to count for a step that emitted ``len(path) + 1`` tokens of which the first
+    ``kept`` stay (a stop cut the rest): all of it when nothing was cut past the accepted path; otherwise the step
+    counts as if its draft had ended at depth ``kept - 1``, as a token budget would have cut it, the token that
+    completes the stop being the step's own (its nodes up to that depth drafted, ``kept - 1`` accepted)."""
+    if kept > len(path):
+        return len(proposal.tokens), len(path), proposal.depth
+    depth = kept - 1
+    return sum(1 for d in proposal.depths if d <= depth), depth, depth
 
 
 def prefill(target, prompts: list[list[int]], cache: BatchCache | None = None) -> BatchCache:
@@ -98,6 +119,7 @@ def _steps(target, cache: BatchCache, rows: list[_Row], params: DecodeParams, co
     device, eos, max_new_tokens = target.device, params.eos(target), params.max_new_tokens
     finished: list[_Row] = []
     clocked = GenerationStats()
+    started = clock(device)
     while rows:
         t0 = clock(device)
         gamma = controller.gamma if controller else params.num_draft_tokens
@@ -122,14 +144,21 @@ def _steps(target, cache: BatchCache, rows: list[_Row], params: DecodeParams, co
         clocked.verify_seconds += t2 - t1
         staying = []
         for position, (row, proposal, (path, next_token)) in enumerate(zip(rows, proposals, verdicts, strict=True)):
-            row.stats.record_step(len(proposal.tokens), len(path), proposal.depth)
-            row.new, done = _finish(row.new + [*(proposal.tokens[node] for node in path), next_token], eos,
-                                    max_new_tokens)
+            emitted = [*(proposal.tokens[node] for node in path), next_token]
+            before, whole = len(row.new), row.new + emitted
+            cut, done = _finish(whole, eos, max_new_tokens, row.stop)
+            kept = max(len(cut) - before, 1)  # a stop the check finds inside earlier steps' tokens: cut here
+            row.new = whole[: before + kept]
+            row.stats.overshoot_tokens += len(emitted) - kept
+            row.stats.record_step(*_counted(proposal, path, kept))
+            row.stats.draft_seconds += drafting / len(rows)  # its share of the batch's drafting
+            row.stats.verify_seconds += t2 - t1  # the pass it waited for
             if features is not None:  # the root's and the accepted path's
                 row.drafter.observe(features[position, [0, *(1 + node for node in path)]])
             if controller:
                 controller.update(len(proposal.tokens), len(path), drafting / len(rows), (t2 - t1) / len(rows))
-            if done or (row.stop is not None and row.stop(row.new)):
+            if done:
+                row.stats.decode_seconds = clock(device) - started
                 finished.append(row)
             else:
                 staying.append(position)
@@ -180,6 +209,7 @@ def _decode(target, draft: Drafter, prompts: list[list[int]], params: DecodePara
         row.stats.generated_tokens = len(row.new)
         row.stats.end_request()
         total += row.stats
+    total.per_request = [row.stats for row in sorted(finished, key=lambda r: r.index)]
     total.prefill_seconds = decode_start - start - warm_up
     total.compile_seconds, total.recompiles = warm_up, graphs.compiled_graphs() - compiles
     total.draft_seconds, total.verify_seconds = clocked.draft_seconds, clocked.verify_seconds
@@ -203,8 +233,8 @@ def speculative_generate_batch(target, draft: Drafter, prompts: Sequence, params
         return [], GenerationStats()
     checked = [_check_context(target, _prompt_list(prompt), params.max_new_tokens) for prompt in prompts]
     if params.max_new_tokens == 0:
-        return [[] for _ in prompts], GenerationStats(generations=len(prompts),
-                                                       prompt_tokens=sum(len(c) for c in checked))
+        alone = [GenerationStats(generations=1, prompt_tokens=len(c)) for c in checked]
+        return [[] for _ in prompts], sum(alone, GenerationStats(per_request=alone))
     controller = gamma_controller or (GammaController.around(params.num_draft_tokens) if params.dynamic_gamma else None)
     return _decode(target, draft, checked, params, stops=list(stops) if stops is not None else [None] * len(prompts),
                    controller=controller)
@@ -235,7 +265,10 @@ def autoregressive_generate_batch(target, prompts: Sequence, params: DecodeParam
     params = replace(DecodeParams.of(params, **settings), num_draft_tokens=1, dynamic_gamma=False)
     outputs, stats = speculative_generate_batch(target, NoDraft(), prompts, params, stops=stops)
     return outputs, GenerationStats(baseline_tokens=stats.generated_tokens, baseline_seconds=stats.decode_seconds,
-                                    compile_seconds=stats.compile_seconds, recompiles=stats.recompiles)
+                                    compile_seconds=stats.compile_seconds, recompiles=stats.recompiles,
+                                    per_request=[GenerationStats(baseline_tokens=r.generated_tokens,
+                                                                 baseline_seconds=r.decode_seconds)
+                                                 for r in stats.per_request])
 
 
 def autoregressive_generate(target, input_ids, params: DecodeParams | int | None = None, *,

@@ -10,8 +10,19 @@ import torch
 from specdraft_eval.engine.sampling import Sampler, make_generator
 from specdraft_eval.errors import SpecdecError
 
-StopCheck = Callable[[list[int]], bool]
-"""Called with the tokens generated so far; True ends generation (lm-eval's stop sequences)."""
+StopCheck = Callable[[list[int]], "int | None"]
+"""Called with the tokens generated so far (one check serves one generation, called as they grow): where a stop
+sequence completes, how many of them to keep (the index of the token completing it, plus one), so that the loop cuts
+the row there in the same step; None to go on (lm-eval's stop sequences). :func:`first_stop` finds that length."""
+
+
+def first_stop(new: list[int], checked: int, hit: Callable[[int], bool]) -> int | None:
+    """The shortest length ``end`` in ``checked + 1 .. len(new)`` for which ``hit(end)`` holds (a stop sequence is
+    complete in ``new[:end]``), or None; ``checked``: how many tokens earlier calls saw (none of them stopped).
+    ``hit(len(new))`` is asked first, so a step without a stop costs one check."""
+    if len(new) <= checked or not hit(len(new)):
+        return None
+    return next(end for end in range(checked + 1, len(new) + 1) if hit(end))
 
 
 @dataclass(frozen=True)

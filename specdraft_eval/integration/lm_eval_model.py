@@ -29,7 +29,7 @@ from specdraft_eval.engine.loop import (
     divergence,
     speculative_generate_batch,
 )
-from specdraft_eval.engine.params import DecodeParams
+from specdraft_eval.engine.params import DecodeParams, StopCheck, first_stop
 from specdraft_eval.errors import SpecdecError, one_line, raise_terminated
 from specdraft_eval.integration.recommend import resolve_auto
 from specdraft_eval.measure.environment import ModelFacts
@@ -192,6 +192,9 @@ class SpecDecLM(HFLM):
         self._task = "default"
         self._merged: SpecdecRecord | None = None
         self._capacity: int | None = None  # static cache positions for the run (generate_until sets it)
+        self._batches = 0  # generation batches so far: with baseline=true, odd ones time the baseline first
+        self._contexts: list[str] = []  # the texts of the batch HFLM is encoding (tok_batch_encode)
+        self._request_figures: dict[str, list[dict]] = defaultdict(list)  # context -> its requests' figures
 
     # --- generation ------------------------------------------------------------------------------
 
@@ -216,6 +219,9 @@ class SpecDecLM(HFLM):
             outputs = super().generate_until([requests[i] for i in indices], disable_tqdm)
             for i, output in zip(indices, outputs, strict=True):
                 results[i] = output
+                figures = self._request_figures.get(requests[i].args[0])
+                if figures:  # --log_samples writes a request's arguments: its own figures travel there
+                    requests[i].arguments = (*requests[i].args, {"specdec": figures.pop(0)})
         for i, original in originals.items():
             results[i] = results[original]
         if self.world_size > 1:
@@ -250,17 +256,31 @@ class SpecDecLM(HFLM):
             compile=self.compile, capacity=self._capacity)
         prompts = [(context[row] if attention_mask is None else context[row][attention_mask[row].bool()]).tolist()
                    for row in range(context.shape[0])]
-        outputs, stats = speculative_generate_batch(self.model, self._drafter, prompts, params,
-                                                    stops=[self._stop_check(stop) for _ in prompts],
-                                                    gamma_controller=self._gamma_controller)
+        def speculate():
+            return speculative_generate_batch(self.model, self._drafter, prompts, params,
+                                              stops=[self._stop_check(stop) for _ in prompts],
+                                              gamma_controller=self._gamma_controller)
+
+        def plain():
+            return autoregressive_generate_batch(self.model, prompts, params,
+                                                 stops=[self._stop_check(stop) for _ in prompts])
+
+        self._batches += 1
+        if self.baseline and self._batches % 2 == 0:  # the baseline first every other batch: neither side always
+            (references, base_stats), (outputs, stats) = plain(), speculate()  # runs on a warmer machine
+        else:
+            (outputs, stats) = speculate()
+            references, base_stats = plain() if self.baseline else (None, None)
         ranks_agree(self.model, outputs, f"a {self._task} request")
+        if len(self._contexts) == len(prompts):  # called by HFLM's generate_until, which encoded these texts
+            bases = base_stats.per_request if self.baseline else [GenerationStats()] * len(prompts)
+            for text, alone, base in zip(self._contexts, stats.per_request, bases, strict=True):
+                self._request_figures[text].append((alone + base).request_figures())
+        stats = replace(stats, per_request=[])
         if self.baseline:
-            references, base_stats = autoregressive_generate_batch(self.model, prompts, params,
-                                                                   stops=[self._stop_check(stop) for _ in prompts])
-            stats = stats + base_stats
+            stats = stats + replace(base_stats, per_request=[])
             for prompt, new, reference in zip(prompts, outputs, references, strict=True):
-                # a speculative step may run a few tokens past a stop sequence; lm-eval cuts both there
-                if not do_sample and new[: len(reference)] != reference:
+                if not do_sample and new != reference:  # both are cut where the stop sequence completes
                     stats.baseline_mismatches += 1
                     where = replace(divergence(self.model, prompt, new, reference) or Divergence(), task=self._task)
                     self._mismatch_details.append(where)
@@ -270,6 +290,11 @@ class SpecDecLM(HFLM):
         width = max(len(r) for r in rows)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         return torch.tensor([r + [pad] * (width - len(r)) for r in rows], device=context.device)
+
+    def tok_batch_encode(self, strings: list[str], *args, **kwargs):
+        """HFLM's, remembering the batch's texts: ``_model_generate`` files each row's figures under its text."""
+        self._contexts = list(strings)
+        return super().tok_batch_encode(strings, *args, **kwargs)
 
     def _model_call(self, inps: torch.Tensor, attn_mask: torch.Tensor | None = None,
                     labels: torch.Tensor | None = None) -> torch.Tensor:
@@ -292,21 +317,26 @@ class SpecDecLM(HFLM):
         fits = psutil.virtual_memory().available // 2 // max(per_row, 1)
         return int(max(1, min(self.max_batch_size or 64, fits)))
 
-    def _stop_check(self, stop: list[str]):
-        """A :data:`~specdraft_eval.engine.loop.StopCheck` that decodes only the tokens that can hold a new match:
-        those since the last call, plus a margin of one token per character of the longest stop sequence.
-        One check serves one generation."""
+    def _stop_check(self, stop: list[str]) -> StopCheck | None:
+        """A :data:`~specdraft_eval.engine.params.StopCheck`: how many tokens to keep, the one that completes a stop
+        sequence last (as plain decoding stops on it). It decodes only the tokens that can hold a new match: those
+        since the last call, plus a margin of one token per character of the longest stop sequence. One check
+        serves one generation."""
         stops = [s for s in stop or [] if s]
         if not stops:
             return None
         margin = max(len(s) for s in stops) + 1
         checked = [0]  # tokens seen by earlier calls
 
-        def check(new: list[int]) -> bool:
-            start = max(0, checked[0] - margin)
+        def check(new: list[int]) -> int | None:
+            start, seen = max(0, checked[0] - margin), checked[0]
             checked[0] = len(new)
-            text = self.tokenizer.decode(new[start:], skip_special_tokens=False)
-            return any(s in text for s in stops)
+
+            def hit(end: int) -> bool:
+                text = self.tokenizer.decode(new[start:end], skip_special_tokens=False)
+                return any(s in text for s in stops)
+
+            return first_stop(new, seen, hit)
 
         return check
 

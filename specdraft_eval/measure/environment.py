@@ -15,20 +15,20 @@ def dtype_name(dtype) -> str:
 
 
 def hardware(device) -> str:
-    """A short name for the device a run used (the GPU's name, or ``CPU: `` and the processor's)."""
+    """A short name for the device a run used: the GPU's name, or ``CPU: ``, the processor's and the threads
+    PyTorch runs on (a 2-core VM and a 64-core server of one CPU family are not one machine)."""
     import torch
 
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
+    name = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return f"CPU: {line.split(':', 1)[1].strip()}"
+            name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), name)
     except OSError:
         pass
-    return f"CPU: {platform.processor() or platform.machine()}"
+    return f"CPU: {name} ({torch.get_num_threads()} threads)"
 
 
 def default_device() -> str:

@@ -7,8 +7,12 @@ This module alone owns the record's schema (``SCHEMA_VERSION``), reads results f
 are in :mod:`specdraft_eval.measure.stats`; writing goes through :mod:`specdraft_eval.files`.
 
 Schema history: 1 called tokens emitted per step ``mean_accepted_length`` and wrote ``tar`` for accepted
-draft tokens per step; 2 (now) writes ``tar`` for tokens emitted per step (the paper's TAR), adds
-``accepted_per_step``, per-position counters and per-task raw counters. Version 1 blocks are converted on read.
+draft tokens per step; 2 writes ``tar`` for tokens emitted per step (the paper's TAR), adds
+``accepted_per_step``, per-position counters and per-task raw counters; 3 (now) counts only the output up to a
+stop (a final step's tokens past it are ``overshoot_tokens``), names the acceptance figures as vLLM, SPEED-Bench,
+SGLang and Spec-Bench do, and names the CPU's thread count in ``hardware``. Version 1 blocks are converted on read;
+records before version 3 are read but are not :attr:`SpecdecRecord.current` (their speedups counted tokens past the
+stop), so the leaderboard and ``draft=auto`` leave them out.
 """
 
 from __future__ import annotations
@@ -25,9 +29,9 @@ from specdraft_eval.measure.environment import ModelFacts, hardware, versions
 from specdraft_eval.measure.stats import Divergence, GenerationStats
 
 __all__ = ["SCHEMA_VERSION", "MAX_MISMATCH_DETAILS", "RecordError", "RecordWarning", "Runtime", "RunKey",
-           "SpecdecRecord", "ResultsFile", "read_results", "scan_results", "Configuration", "configurations"]
+           "SpecdecRecord", "ResultsFile", "read_results", "scan_results", "sample_figures", "Configuration", "configurations"]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 MAX_MISMATCH_DETAILS = 100
 """Baseline mismatches described in a record (all of them are counted)."""
 COUNTER_FIELDS = {f.name for f in fields(GenerationStats)}
@@ -49,6 +53,11 @@ class Runtime:
     compile: bool = False
     attention: str = ""
     tensor_parallel: int = 1
+
+    @property
+    def complete(self) -> bool:
+        """Whether every field was recorded (files from before a field existed leave it ``""``)."""
+        return bool(self.dtype and self.kernels and self.attention)
 
     def __str__(self) -> str:
         steps = " compiled" if self.compile else " static-cache" if self.static_cache else ""
@@ -97,6 +106,12 @@ class SpecdecRecord:
     runtime: Runtime = Runtime()
     use_kernels: bool = False  # whether transformers' hub kernels were asked for
     score: str = "target"  # which model scored the log-likelihood tasks (score=draft: the draft)
+    schema_version: int = SCHEMA_VERSION  # of the block it was read from
+
+    @property
+    def current(self) -> bool:
+        """Measured by today's code: this schema version (figures counted up to the stop) and a complete runtime."""
+        return self.schema_version == SCHEMA_VERSION and self.runtime.complete
 
     @classmethod
     def new(cls, target: str, draft: str, num_draft_tokens: int, dynamic_gamma: bool, device,
@@ -191,7 +206,7 @@ class SpecdecRecord:
                        block.get("draft_layers") or 0, per_task,
                        Latencies.from_json(block["latencies"]) if block.get("latencies") else None, details,
                        int(block.get("processes", 1)), runtime, bool(block.get("use_kernels", False)),
-                       ran.get("score") or "target")
+                       ran.get("score") or "target", int(block["schema_version"]))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise RecordError(f"{path}: malformed specdec record ({type(exc).__name__}: {exc}); "
                               "regenerate or remove it") from None
@@ -246,9 +261,11 @@ def read_results(path: Path) -> ResultsFile:
     return ResultsFile(Path(path), SpecdecRecord.from_block(block, path), data.get("results") or {}, data.get("date"))
 
 
-def scan_results(paths: list[Path], scoring: bool = False) -> list[ResultsFile]:
+def scan_results(paths: list[Path], scoring: bool = False, current: bool = True) -> list[ResultsFile]:
     """Every usable results file under ``paths`` (folders searched for ``results_*.json``) that decoded; with
-    ``scoring``, also runs of log-likelihood tasks only (``*_lm`` with ``score=draft``: no generation, no TAR).
+    ``scoring``, also runs of log-likelihood tasks only (``*_lm`` with ``score=draft``: no generation, no TAR);
+    with ``current`` (the default), only records measured by today's code (:attr:`SpecdecRecord.current`), the
+    others skipped with one :class:`RecordWarning`.
 
     A file the user named that is unusable is an error; one found in a folder is skipped with a
     :class:`RecordWarning`.
@@ -265,7 +282,27 @@ def scan_results(paths: list[Path], scoring: bool = False) -> list[ResultsFile]:
                     warnings.warn(f"skipping {exc}", RecordWarning, stacklevel=2)
         else:
             raise SpecdecError(f"results path {root} does not exist: give folders written by lm_eval --output_path")
+    stale = [file for file in found if not file.record.current]
+    if current and stale:
+        warnings.warn(f"skipping {len(stale)} results file(s) measured by older code or with runtime fields unknown "
+                      f"(e.g. {stale[0].path}, schema {stale[0].record.schema_version}, runtime "
+                      f"{stale[0].record.runtime}): rerun those configurations", RecordWarning, stacklevel=2)
+        found = [file for file in found if file.record.current]
     return [file for file in found if scoring or file.record.per_task]
+
+
+def sample_figures(sample: dict) -> dict | None:
+    """A request's own figures from one line of lm-eval's ``--log_samples`` output of a ``specdec`` run (the wrapper
+    appends ``{"specdec": GenerationStats.request_figures()}`` to the request's arguments; lm-eval writes them as a
+    list or as ``{"gen_args_0": {"arg_2": ...}}``); None for a sample without them."""
+    arguments = sample.get("arguments") if isinstance(sample, dict) else None
+    if isinstance(arguments, dict):
+        arguments = [list(a.values()) if isinstance(a, dict) else a for a in arguments.values()]
+    for args in arguments or []:
+        for arg in args if isinstance(args, list) else []:
+            if isinstance(arg, dict) and isinstance(arg.get("specdec"), dict):
+                return arg["specdec"]
+    return None
 
 
 # --- configurations across files ---------------------------------------------------------------------------

@@ -3,8 +3,11 @@
 Conventions (stated once; the README repeats them):
 
 - ``tar`` is the founding paper's TAR: tokens emitted per verification step, the target's own (bonus or
-  recovered) token included, so ``tar == accepted_per_step + 1``. It is vLLM's "mean acceptance length" and
-  Spec-Bench's "#mean accepted tokens".
+  recovered) token included, so ``tar == accepted_per_step + 1``. Spec-Bench's and EAGLE's mean accepted tokens
+  and SGLang's accept length equal it here; vLLM's mean acceptance length differs where steps drafted nothing.
+  ``acceptance_figures`` gives each under its engine's name (docs/acceptance.md has the table).
+- Only output counts: a final step's tokens past a stop (EOS or a stop sequence) are cut before counting
+  (``overshoot_tokens`` counts them), and that step counts as if its draft had ended where the stop completed.
 - ``accepted_per_step`` is draft tokens accepted per step (the bonus token excluded).
 - Both are per-step means over all steps of all requests; ``per_request_mean_accepted_length`` gives p10,
   p50 and p90 over requests of each request's own TAR, so that a few long completions cannot hide what most
@@ -15,12 +18,12 @@ Conventions (stated once; the README repeats them):
   steps that drafted exactly n.
 - Token trees: a step drafts a tree's nodes (all verified in one target pass: ``mean_num_draft_tokens`` is nodes
   per step) and accepts one root-to-leaf path; positions are depths (``drafted_per_position[i]``: steps whose tree
-  reached depth i + 1), and ``tar`` is EAGLE's and Spec-Bench's mean accepted length.
+  reached depth i + 1) and a draft is one tree.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 
 POSITION_FIELDS = ("drafted_per_position", "accepted_per_position", "acceptance_length_histogram",
                    "drafted_histogram")
@@ -74,6 +77,9 @@ class GenerationStats:
     recompiles: int = 0  # graphs compiled during timed steps: 0 when the warm-up covered every shape
     draft_prefill_tokens: int = 0  # positions the draft read before drafting (prompt, catch-up after γ = 0)
     draft_prefill_seconds: float = 0.0
+    overshoot_tokens: int = 0  # emitted by a final step past the stop (EOS or a stop sequence) and discarded
+    per_request: list[GenerationStats] = field(default_factory=list, repr=False, compare=False)  # each request's own, in order
+    # (the engine fills it; adding concatenates; never written to a record: see request_figures)
 
     def __add__(self, other: GenerationStats) -> GenerationStats:
         merged = {}
@@ -100,7 +106,24 @@ class GenerationStats:
             self.request_tars.append((self.accepted_tokens + self.steps) / self.steps)
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        """The counters (``per_request`` left out: a record keeps run-wide counters)."""
+        return {k: v for k, v in asdict(replace(self, per_request=[])).items() if k != "per_request"}
+
+    def request_figures(self) -> dict:
+        """One request's figures, as a sample of ``--log_samples`` carries them: its counters, acceptance as each
+        engine defines it, and its milliseconds (draft: its share of each batch's drafting; verify: the target
+        passes it took part in; decode: until it finished), with its baseline's tokens and seconds if timed."""
+        return {
+            "generated_tokens": self.generated_tokens, "overshoot_tokens": self.overshoot_tokens,
+            "steps": self.steps, "drafts": self.drafts, "draft_tokens": self.draft_tokens,
+            "accepted_tokens": self.accepted_tokens, "drafted_per_position": list(self.drafted_per_position),
+            "accepted_per_position": list(self.accepted_per_position), "tar": self.tar, **self.acceptance_figures,
+            "draft_ms": self.draft_seconds * 1000, "verify_ms": self.verify_seconds * 1000,
+            "decode_ms": self.decode_seconds * 1000,
+            "baseline_tokens": self.baseline_tokens if self.baseline_seconds else None,
+            "baseline_ms": self.baseline_seconds * 1000 if self.baseline_seconds else None,
+            "speedup": self.speedup,
+        }
 
     @property
     def trees(self) -> bool:
@@ -132,10 +155,54 @@ class GenerationStats:
         return self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
 
     @property
+    def drafts(self) -> int:
+        """Verification steps that drafted at least one token (vLLM's ``num_drafts``; a tree counts once)."""
+        return self.steps - (self.drafted_histogram[0] if self.drafted_histogram else 0)
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        """vLLM's mean acceptance length: 1 + accepted draft tokens per draft (steps that drafted nothing, as at
+        γ = 0, are not drafts)."""
+        return 1 + self.accepted_tokens / self.drafts if self.drafts else None
+
+    @property
     def acceptance_rate_per_position(self) -> list[float]:
-        """Accepted / drafted at each draft position."""
-        accepted = _add_lists(self.accepted_per_position, [0] * len(self.drafted_per_position))
-        return [a / d for a, d in zip(accepted, self.drafted_per_position)]
+        """vLLM's per-position acceptance rate, unconditional: steps whose draft token (a tree: depth) i was
+        accepted, over all drafts (a position after a rejection, or not drafted, counts as not accepted)."""
+        drafts = self.drafts
+        return [a / drafts for a in self._accepted_by_drafted_position] if drafts else []
+
+    @property
+    def _accepted_by_drafted_position(self) -> list[int]:
+        """``accepted_per_position`` over every drafted position (0 where none was accepted)."""
+        positions = len(self.drafted_per_position)
+        return (self.accepted_per_position + [0] * positions)[:positions]
+
+    @property
+    def conditional_acceptance_per_position(self) -> list[float | None]:
+        """SPEED-Bench's conditional per-position rate: accepted at position i over accepted at i - 1 (position 0:
+        over drafts); None where nothing reached position i - 1."""
+        accepted = self._accepted_by_drafted_position
+        return [a / r if r else None for a, r in zip(accepted, [self.drafts, *accepted])]
+
+    @property
+    def accept_length(self) -> float | None:
+        """SGLang's accept length: completion tokens per verification step (SGLang emits a request's first token
+        in its prefill, which it does not count as a step; our prefill emits none, so our first step is one)."""
+        return self.generated_tokens / self.steps if self.steps else None
+
+    @property
+    def mean_accepted_tokens(self) -> float | None:
+        """Spec-Bench's and EAGLE's mean accepted tokens: tokens emitted per target forward, the bonus included."""
+        return self.tar
+
+    @property
+    def acceptance_figures(self) -> dict[str, float | list | None]:
+        """The five acceptance figures by the name each engine or benchmark gives it (docs/acceptance.md)."""
+        return {"mean_acceptance_length": self.mean_acceptance_length,
+                "acceptance_rate_per_position": self.acceptance_rate_per_position,
+                "conditional_acceptance_per_position": self.conditional_acceptance_per_position,
+                "accept_length": self.accept_length, "mean_accepted_tokens": self.mean_accepted_tokens}
 
     @property
     def request_tar_percentiles(self) -> dict[str, float] | None:
@@ -198,7 +265,7 @@ class GenerationStats:
             "tar": self.tar,
             "accepted_per_step": self.accepted_per_step,
             "acceptance_rate": self.acceptance_rate,
-            "acceptance_rate_per_position": self.acceptance_rate_per_position,
+            **self.acceptance_figures,
             "drafted_per_position": list(self.drafted_per_position),
             "accepted_per_position": list(self.accepted_per_position),
             "acceptance_length_histogram": list(self.acceptance_length_histogram),
@@ -209,6 +276,8 @@ class GenerationStats:
             "draft_prefill_ms_per_token": self.draft_prefill_ms_per_token,
             "verify_ms_per_step": self.verify_ms_per_step,
             "tokens_per_second": self.tokens_per_second,
+            "baseline_tokens": self.baseline_tokens,
+            "overshoot_tokens": self.overshoot_tokens,
             "baseline_tokens_per_second": self.baseline_tokens_per_second,
             "speedup": self.speedup,
             "loop_overhead": self.loop_overhead,
