@@ -57,6 +57,9 @@ def test_bench_runs_every_configuration_with_identical_tokens(tiny, prompts_file
     layered = next(r for r in rows if r["engine"] == bench_result.OURS and r["draft"] == "layers:0,1")
     assert layered["draft_ms_per_token"] > 0 and layered["mean_gamma"] == pytest.approx(3, abs=1)
     assert layered["draft_weights_mb"] == 0.0  # a layer view shares the target's weights
+    assert set(layered["acceptance"]) == {"mean_acceptance_length", "acceptance_rate_per_position",
+                                          "conditional_acceptance_per_position", "accept_length", "mean_accepted_tokens"}
+    assert layered["acceptance"]["mean_accepted_tokens"] == layered["tar"]
     assert rows[0]["tar"] == 1  # autoregressive: one token per target call
     assert rows[1]["vs_ours_plain"]["median"] == 1.0 and all(r["vs_ours_plain"]["median"] > 0 for r in rows)
 

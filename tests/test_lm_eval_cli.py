@@ -84,5 +84,11 @@ def test_greedy_output_identical_to_hf(hf_run, tmp_path, draft, batch_size):
             assert sum(r[key] for r in requests) == figures[key]
         assert sum(r["baseline_tokens"] for r in requests) == figures["baseline_tokens"]
         assert all(r["baseline_tokens"] == r["generated_tokens"] and r["baseline_ms"] > 0 for r in requests)
+    grouped = run_cli("zoo", "samples", str(tmp_path), "--by", "task", "--json")  # zoo reads them back
+    assert grouped.returncode == 0, grouped.stderr
+    for group in json.loads(grouped.stdout):
+        figures = block["per_task"][group["group"]]
+        assert group["generated_tokens"] == figures["generated_tokens"]
+        assert group["mean_acceptance_length"] == pytest.approx(figures["mean_acceptance_length"])
 
 

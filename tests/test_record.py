@@ -270,3 +270,19 @@ def test_rank_estimates_every_smaller_gamma_from_results(tiny, tmp_path):
         return next(r for r in ranked["rows"] if r["draft"] == "prompt-lookup:3")["tar_source"]
 
     assert source("3").startswith("results γ=3") and source("1") == "estimate from γ=3 results"
+
+
+def test_acceptance_figures_as_each_engine_defines_them():
+    """A hand-worked run of four chain steps at γ = 3: drafted/accepted 3/2, 3/0, 0/0 (γ = 0: no draft), 2/2."""
+    stats = GenerationStats()
+    for drafted, accepted in [(3, 2), (3, 0), (0, 0), (2, 2)]:
+        stats.record_step(drafted, accepted)
+    stats.generated_tokens = 3 + 1 + 1 + 3  # each step emits accepted + 1
+    figures = stats.acceptance_figures
+    assert stats.drafts == 3
+    assert figures["mean_acceptance_length"] == pytest.approx(1 + 4 / 3)  # vLLM: 1 + accepted / drafts
+    assert figures["acceptance_rate_per_position"] == pytest.approx([2 / 3, 2 / 3, 0.0])  # vLLM: / drafts
+    assert figures["conditional_acceptance_per_position"] == pytest.approx([2 / 3, 1.0, 0.0])  # SPEED-Bench
+    assert figures["accept_length"] == 2.0  # SGLang: completion tokens / verification steps
+    assert figures["mean_accepted_tokens"] == 2.0 == stats.tar  # Spec-Bench, EAGLE: tokens per target pass
+    assert set(figures) <= set(stats.summary())

@@ -122,22 +122,23 @@ def test_sampled_trees_follow_the_target_distribution():
     assert p12 > 1e-3 and p3 > 1e-3, (p12, p3)
 
 
+def _biased(logits, proposal, sampler):
+    """A wrong rule: try each child with p(x) but leave rejected children in what it samples from."""
+    p, path, node = sampler.probs(logits), [], -1
+    while True:
+        children = [c for c, parent in enumerate(proposal.tree) if parent == node]
+        step = next((c for c in children if sampler.uniform(p.device) < float(p[node + 1, proposal.tokens[c]])),
+                    None)
+        if step is None:
+            return path, int(sampler.sample(p[node + 1][None]))
+        path.append(node := step)
+
+
 def test_the_test_rejects_trying_children_without_taking_out_the_rejected(monkeypatch):
     """Negative control: a rule that tries each child with p(x) but leaves rejected children in what it samples
     from emits them too often: the same fit fails."""
     tiny = tiny_llama(seed=0, vocab=VOCAB)
-
-    def biased(logits, proposal, sampler):
-        p, path, node = sampler.probs(logits), [], -1
-        while True:
-            children = [c for c, parent in enumerate(proposal.tree) if parent == node]
-            step = next((c for c in children if sampler.uniform(p.device) < float(p[node + 1, proposal.tokens[c]])),
-                        None)
-            if step is None:
-                return path, int(sampler.sample(p[node + 1][None]))
-            path.append(node := step)
-
-    monkeypatch.setattr(verify, "accept", biased)
+    monkeypatch.setattr(verify, "accept", _biased)
     expected = exact_joint(tiny, Sampler(True))
     torch.manual_seed(0)
     samples = []
@@ -145,6 +146,55 @@ def test_the_test_rejects_trying_children_without_taking_out_the_rejected(monkey
         samples.extend(speculative_generate_batch(tiny, RandomTree(tiny, VOCAB), [PROMPT] * 50, 3,
                                                   num_draft_tokens=4, do_sample=True)[0])
     assert min(fit(samples, expected)) < 1e-6
+
+
+class TopTree(DrafterBase):
+    """A tree that branches below the root: the target's two likeliest tokens, the two likeliest after the first
+    and the likeliest after the second (5 nodes, parents ``[-1, -1, 0, 0, 1]``), cut to the node budget."""
+
+    name = "top-tree"
+    drafts_trees = True
+
+    def __init__(self, target) -> None:
+        self.target = target
+
+    def _top(self, tokens: list[int], k: int) -> list[int]:
+        with torch.inference_mode():
+            return self.target(torch.tensor([tokens])).logits[0, -1].topk(k).indices.tolist()
+
+    def propose(self, tokens: list[int], num_tokens: int, sampler: Sampler) -> Proposal:
+        a, b = self._top(tokens, 2)
+        nodes = [a, b, *self._top(tokens + [a], 2), *self._top(tokens + [b], 1)][:num_tokens]
+        return Proposal(nodes, parents=[-1, -1, 0, 0, 1][: len(nodes)])
+
+
+def _top_tree_samples(tiny) -> tuple[list[list[int]], object]:
+    torch.manual_seed(0)
+    samples, total = [], None
+    for _ in range(SAMPLES // 50):
+        outputs, stats = speculative_generate_batch(tiny, TopTree(tiny), [PROMPT] * 50, 6, num_draft_tokens=5,
+                                                    do_sample=True)
+        samples.extend(outputs)
+        total = stats if total is None else total + stats
+    return samples, total
+
+
+def test_sampled_trees_that_branch_below_the_root_follow_the_target_distribution():
+    """Every first step verifies a 5-node tree with siblings at depth 2 (x1 and x2 from the tree, x3 its bonus or
+    a recovered token): the first three tokens follow the target's exact joint."""
+    tiny = tiny_llama(seed=0, vocab=VOCAB)
+    samples, stats = _top_tree_samples(tiny)
+    assert stats.drafted_histogram[5] >= SAMPLES and 0 < stats.accepted_tokens < stats.draft_tokens
+    assert stats.accepted_per_position[1] > 0  # paths through the depth-2 siblings were taken
+    p12, p3 = fit(samples, exact_joint(tiny, Sampler(True)))
+    assert p12 > 1e-3 and p3 > 1e-3, (p12, p3)
+
+
+def test_negative_control_the_branching_tree_finds_the_biased_rule(monkeypatch):
+    tiny = tiny_llama(seed=0, vocab=VOCAB)
+    monkeypatch.setattr(verify, "accept", _biased)
+    samples, _ = _top_tree_samples(tiny)
+    assert min(fit(samples, exact_joint(tiny, Sampler(True)))) < 1e-6
 
 
 def test_a_tree_keeps_only_its_accepted_path():
@@ -189,10 +239,12 @@ def test_prompt_lookup_tree_sizes_are_checked(arg):
 
 
 def _reference_tree(head, embed, features: torch.Tensor, tokens: list[int], topk: int, depth: int,
-                    budget: int) -> set[tuple[int, ...]]:
-    """EAGLE-2's tree (``topK_genrate``) computed the slow way, as root-to-node paths: every node's children come
+                    budget: int) -> list[tuple[int, ...]]:
+    """EAGLE-2's tree (``topK_genrate``) computed the slow way, as root-to-node paths in the order the drafter
+    creates its nodes (per depth: the frontier by score, each node's children by rank): every node's children come
     from the head run afresh over the committed pairs and that node's own path as a chain (no tree mask, no shared
-    cache), so a wrong mask or position in the drafter's one-pass-per-depth version shows up as other paths."""
+    cache), so a wrong mask or position in the drafter's one-pass-per-depth version shows up as other paths or
+    another order."""
     from transformers import DynamicCache
 
     def hidden_after(path: tuple[int, ...]) -> torch.Tensor:
@@ -202,7 +254,7 @@ def _reference_tree(head, embed, features: torch.Tensor, tokens: list[int], topk
             hidden = head(embed(torch.tensor([[token]])), hidden, cache, torch.tensor([[seen + i]]), own=True)
         return hidden[0, -1]
 
-    scores: dict[tuple[int, ...], float] = {}
+    scores: dict[tuple[int, ...], float] = {}  # in creation order
     frontier: list[tuple[int, ...]] = [()]
     for _ in range(depth):
         children = []
@@ -212,37 +264,69 @@ def _reference_tree(head, embed, features: torch.Tensor, tokens: list[int], topk
                 scores[path + (token,)] = scores.get(path, 0.0) + value
                 children.append(path + (token,))
         frontier = sorted(children, key=lambda c: -scores[c])[:topk]
-    return set(sorted(scores, key=lambda c: -scores[c])[:budget])
+    kept = set(sorted(scores, key=lambda c: -scores[c])[:budget])
+    return [path for path in scores if path in kept]
 
 
-def _paths(proposal: Proposal) -> set[tuple[int, ...]]:
+def _paths(proposal: Proposal) -> list[tuple[int, ...]]:
     paths: list[tuple[int, ...]] = []
     for token, parent in zip(proposal.tokens, proposal.tree, strict=True):
         paths.append((paths[parent] if parent >= 0 else ()) + (token,))
-    return set(paths)
+    return paths
 
 
-@pytest.mark.parametrize(("topk", "depth", "budget"), [(2, 3, 6), (3, 4, 10), (4, 3, 16), (1, 5, 5)])
-@pytest.mark.parametrize("static", [False, True])
-def test_eagle2_dynamic_tree_matches_the_slow_reference(target, topk, depth, budget, static):
+TREES = [(2, 4, 14), (3, 3, 21), (4, 3, 28), (1, 5, 5), (2, 3, 6)]
+"""(top-k, depth, node budget): budgets that keep every scored node, so every head pass shapes the tree, and one
+that cuts (2, 3, 6)."""
+PREFIXES = [[3, 9], [5, 1, 8], [3, 9, 4, 11, 7, 2]]  # short prefixes: the tree's own nodes weigh in attention
+
+
+def _matches(target, topk: int, depth: int, budget: int, static: bool, mutation: str | None = None) -> list[bool]:
+    """For each prefix, whether the drafter's tree equals the slow reference's, paths and order; ``mutation``
+    breaks the drafter on purpose: ``mask`` (a frontier node also sees fed nodes that are not its ancestors) or
+    ``position`` (tree passes one position too far)."""
     from specdraft_eval.drafts.eagle import EagleDrafter, TreeShape, new_head
 
     head = new_head(target, seed=7)
-    with torch.no_grad():  # sharp attention and large logits: a wrong position or mask changes the tree
-        head.layers[0].self_attn.q_proj.weight.mul_(30.0)
+    with torch.no_grad():  # larger logits (the random head's are near-uniform)
         head.fc.weight.mul_(4.0)
     drafter = EagleDrafter(head, target, "e", None, TreeShape(topk, depth))
-    for seed, tokens in enumerate([[3, 9], [5, 1, 8], [3, 9, 4, 11, 7, 2]]):  # short prefixes: the tree dominates
+    forward, tree_mask = head.forward, drafter._tree_mask
+    if mutation == "position":  # (the reference passes no mask: it runs unshifted)
+        head.forward = lambda e, f, cache, positions, own=False, mask=None: forward(
+            e, f, cache, positions + (mask is not None), own, mask)
+    if mutation == "mask":
+        def leaky(fed, frontier, parents):
+            mask = tree_mask(fed, frontier, parents).clone()
+            mask[..., drafter._fed : drafter._fed + len(fed)] = 0.0  # every fed node visible
+            return mask
+        drafter._tree_mask = leaky
+    found = []
+    for seed, tokens in enumerate(PREFIXES):
         features = torch.randn(len(tokens) - 1, target.config.hidden_size,
                                generator=torch.Generator().manual_seed(seed))
         with torch.inference_mode():
             drafter.reset(64 if static else None)
             drafter.observe(features)
             proposal = drafter.propose(tokens, budget, Sampler())
-            expected = _reference_tree(head, target.get_input_embeddings(), features, tokens, topk, depth, budget)
             again = drafter.propose(tokens, budget, Sampler())  # the frontiers were rolled back
-        assert _paths(proposal) == expected and len(proposal.tokens) == min(budget, len(expected))
-        assert proposal.depth <= depth and _paths(again) == expected
+            expected = _reference_tree(head, target.get_input_embeddings(), features, tokens, topk, depth, budget)
+        assert proposal.depth <= depth and _paths(again) == _paths(proposal)
+        found.append(_paths(proposal) == expected and len(proposal.tokens) == min(budget, len(expected)))
+    return found
+
+
+@pytest.mark.parametrize(("topk", "depth", "budget"), TREES)
+@pytest.mark.parametrize("static", [False, True])
+def test_eagle2_dynamic_tree_matches_the_slow_reference(target, topk, depth, budget, static):
+    assert all(_matches(target, topk, depth, budget, static))
+
+
+@pytest.mark.parametrize("mutation", ["mask", "position"])
+def test_negative_controls_a_leaky_mask_and_shifted_positions_fail_the_reference(target, mutation):
+    """The comparison above finds a frontier that sees non-ancestor nodes and positions shifted by one."""
+    found = [ok for static in (False, True) for tree in TREES for ok in _matches(target, *tree, static, mutation)]
+    assert found.count(False) >= 5, found
 
 
 def test_eagle2_trees_decode_as_the_target_does(target):

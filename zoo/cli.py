@@ -335,6 +335,26 @@ def recommend(
 
 @app.command()
 @cli_errors
+def samples(
+    paths: Annotated[list[Path], typer.Argument(help="samples_*.jsonl files or folders lm_eval --log_samples wrote.")],
+    by: Annotated[str, typer.Option("--by", help="task, correct (the task's metric > 0) or a document field.")] = "task",
+    as_json: JsonOpt = False,
+) -> None:
+    """Acceptance and speedup per group of requests, from each request's own figures in a specdec run's samples."""
+    from specdraft_eval.measure.report import positions
+    from zoo.samples import group_samples
+
+    groups = group_samples(paths, by)
+    if as_json:
+        return emit([g.to_json() for g in groups], True)
+    emit([{"group": g.group, "requests": g.requests, "tokens": g.generated_tokens, "overshoot": g.overshoot_tokens,
+           "TAR": g.tar, "mean accept len": g.mean_acceptance_length,
+           "accept by position": positions(g.acceptance_rate_per_position, 5), "speedup": g.speedup} for g in groups],
+         False)
+
+
+@app.command()
+@cli_errors
 def leaderboard(
     results: Annotated[list[Path], typer.Argument(help="Results folders (lm_eval --output_path) or files.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder for README.md, leaderboard.csv, index.html, PNGs.")],

@@ -21,6 +21,19 @@ TABLE_COLUMNS = [
 ]
 
 
+ACCEPTANCE_COLUMNS = [
+    ("task", "task"),
+    ("mean_acceptance_length", "vLLM MAL"),
+    ("conditional_acceptance_per_position", "SPEED-Bench conditional"),
+    ("accept_length", "SGLang AL"),
+    ("mean_accepted_tokens", "Spec-Bench MAT"),
+    ("generated_tokens", "tokens"),
+    ("overshoot_tokens", "overshoot"),
+]
+"""The second table: acceptance as other engines define it (docs/acceptance.md: MAL mean acceptance length, AL
+accept length, MAT mean accepted tokens) and the output counted."""
+
+
 def positions(rates: list[float] | None, most: int = 8) -> str | None:
     """Per-position acceptance rates compactly, e.g. ``0.62 0.41 0.28 0.17``."""
     if not rates:
@@ -34,17 +47,25 @@ def _cells(task: str, stats: GenerationStats, predicted: float | None) -> list[s
             else _fmt(figures[key] if key in figures else getattr(stats, key)) for key, _ in TABLE_COLUMNS]
 
 
+def _acceptance_cells(task: str, stats: GenerationStats) -> list[str]:
+    figures = {"task": task, "conditional_acceptance_per_position":
+               positions([r or 0.0 for r in stats.conditional_acceptance_per_position], 5) or "-"}
+    return [figures[key] if key in figures else _fmt(getattr(stats, key)) for key, _ in ACCEPTANCE_COLUMNS]
+
+
 def table(record: SpecdecRecord) -> str:
-    """The record as a text table: one row per task and an ``all`` row."""
-    body = [_cells(task, stats, record.predicted(stats)) for task, stats in sorted(record.per_task.items())]
-    if len(body) != 1:
-        body.append(_cells("all", record.total, record.predicted(record.total)))
+    """The record as two text tables (speed, then acceptance as other engines report it): one row per task and an
+    ``all`` row."""
+    tasks = sorted(record.per_task.items()) + ([("all", record.total)] if len(record.per_task) != 1 else [])
+    body = [_cells(task, stats, record.predicted(stats)) for task, stats in tasks]
+    acceptance = [_acceptance_cells(task, stats) for task, stats in tasks]
     title = f"specdec: target={record.target} draft={record.draft} num_draft_tokens={record.num_draft_tokens}"
     total = record.total
     if record.runtime.compile:
         title += (f" (compiled: {total.compile_seconds:.1f} s compiling and warming up, outside every figure; "
                   f"{total.recompiles} graphs compiled in timed steps)")
-    return title + "\n" + tabulate(body, headers=[h for _, h in TABLE_COLUMNS], tablefmt="github")
+    return (title + "\n" + tabulate(body, headers=[h for _, h in TABLE_COLUMNS], tablefmt="github") + "\n"
+            + tabulate(acceptance, headers=[h for _, h in ACCEPTANCE_COLUMNS], tablefmt="github", disable_numparse=True))
 
 
 def _fmt(value) -> str:

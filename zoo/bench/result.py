@@ -30,12 +30,15 @@ class BenchPlan:
 
 @dataclass(frozen=True)
 class StepFigures:
-    """Per-step figures of a configuration: TAR, draft ms per drafted token, verification ms per step, mean γ."""
+    """Per-step figures of a configuration: TAR, draft ms per drafted token, verification ms per step, mean γ, and
+    (our engine's rows) acceptance as vLLM, SPEED-Bench, SGLang and Spec-Bench define it
+    (:attr:`GenerationStats.acceptance_figures`)."""
 
     tar: float | None
     draft_ms_per_token: float | None
     verify_ms_per_step: float | None
     mean_gamma: float | None
+    acceptance: dict | None = None
 
 
 @dataclass

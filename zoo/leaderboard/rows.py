@@ -26,7 +26,11 @@ COLUMNS = [
     ("draft_bits_per_byte", "draft bits/byte"),
     ("documents", "documents"), ("tokens_per_second", "tokens/s"), ("baseline_tokens_per_second", "plain tokens/s"),
     ("draft_ms_per_token", "draft ms/token"), ("verify_ms_per_step", "verify ms/step"),
-    ("acceptance_by_position", "acceptance by position"),
+    ("acceptance_by_position", "acceptance by position (vLLM)"),
+    ("conditional_acceptance", "conditional acceptance (SPEED-Bench)"),
+    ("mean_acceptance_length", "mean acceptance length (vLLM)"), ("accept_length", "accept length (SGLang)"),
+    ("mean_accepted_tokens", "mean accepted tokens (Spec-Bench)"),
+    ("generated_tokens", "tokens"), ("baseline_tokens", "plain tokens"), ("overshoot_tokens", "overshoot tokens"),
     ("tar_p50", "TAR p50 of requests"), ("accepted_per_step", "accepted/step"),
     ("acceptance_rate", "acceptance rate"), ("draft_parameters_m", "draft params (M)"),
     ("draft_layers", "draft layers"), ("date", "date"), ("lm_eval", "lm-eval"), ("specdraft_eval", "specdraft-eval"),
@@ -85,6 +89,13 @@ class LeaderboardRow:
     specdraft_eval: str | None
     metric: str | None
     acceptance_rate_per_position: list[float]
+    conditional_acceptance: str | None = None
+    mean_acceptance_length: float | None = None
+    accept_length: float | None = None
+    mean_accepted_tokens: float | None = None
+    generated_tokens: int | None = None
+    baseline_tokens: int | None = None
+    overshoot_tokens: int | None = None
     draft_accuracy: float | None = None
     draft_bits_per_byte: float | None = None
     target_bits_per_byte: float | None = None
@@ -121,6 +132,10 @@ def rows_from_configuration(config: Configuration) -> list[LeaderboardRow]:
             draft_layers=record.draft_layers or None, date=_day(latest.date), lm_eval=record.versions.get("lm-eval"),
             specdraft_eval=record.versions.get("specdraft-eval"), metric=scores[0][0] if scores else None,
             acceptance_rate_per_position=stats.acceptance_rate_per_position,
+            conditional_acceptance=positions([r or 0.0 for r in stats.conditional_acceptance_per_position]),
+            mean_acceptance_length=stats.mean_acceptance_length, accept_length=stats.accept_length,
+            mean_accepted_tokens=stats.mean_accepted_tokens, generated_tokens=stats.generated_tokens,
+            baseline_tokens=stats.baseline_tokens or None, overshoot_tokens=stats.overshoot_tokens,
         ))
     return rows
 
