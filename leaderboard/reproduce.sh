@@ -4,7 +4,10 @@
 # own 256-token budgets, the first HE_LIMIT HumanEval and MMLU_LIMIT MMLU-CoT documents: held out from every
 # draft's build data), the distilled draft's own accuracy, each model draft's own bits per byte on the same
 # documents (lm_NAME: the tasks' _lm variants scored with score=draft), then regenerate the pages.
-# Usage: leaderboard/reproduce.sh [NAME ...]   (default: every configuration; about 80 minutes on 2 cores)
+# Usage: leaderboard/reproduce.sh all | NAME ...
+#   all: the published board, in one sitting on one machine (its rows: the `order` list below; 2 h 5 min on the
+#   2-core Intel Xeon VM, run as five background jobs of at most 30 minutes); NAME: one configuration, the published
+#   ones or the extra ones (the pruned drafts: they are built first, 8 minutes each).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=.venv/bin
@@ -54,14 +57,17 @@ for m in "${models[@]}"; do  # lm_NAME: NAME's draft model scored on its own (sc
   d=${configs[$m]#*draft=}; configs[lm_$m]="pretrained=smollm2-135m-instruct,draft=${d%%,*},score=draft"
 done
 configs[sweep]="zoo profile --sweep"  # latency by depth and width on this machine (random weights)
-order=(prompt-lookup ngram prompt-lookup_ngram layers_0-1 layers_0-4 layers_0-9 layers_0-19 layers_0-24 layers_uniform-2
-       layers_uniform-5 layers_uniform-10 layers_bi-10 smollm2-5l-distilled smollm2-10l-distilled smollm2-5l-distilled_fixed
-       smollm2-10l-distilled_fixed smollm2-5l-bi smollm2-5l-bi-v4096 eagle prompt-lookup_eagle prompt-lookup_eagle_dynamic
-       prompt-lookup-tree suffix suffix-ngram eagle-tree eagle-tree-large eagle-tree-xl suffix-ngram_eagle-tree prompt-lookup_eagle-tree
-       eagle3 eagle3-tree
-       as-target_smollm2-5l-distilled auto
-       lm_target "${models[@]/#/lm_}" sweep)
-names=("${@:-${order[@]}}")
+order=(prompt-lookup prompt-lookup_ngram ngram prompt-lookup-tree suffix suffix-ngram
+       eagle prompt-lookup_eagle prompt-lookup_eagle_dynamic eagle-tree eagle-tree-large eagle3
+       eagle-tree-xl eagle3-tree suffix-ngram_eagle-tree prompt-lookup_eagle-tree layers_0-1 layers_0-4
+       layers_0-9 layers_uniform-2 layers_uniform-5 auto
+       lm_target lm_layers_0-1 lm_layers_0-4 lm_layers_0-9 lm_layers_uniform-2 lm_layers_uniform-5)  # published
+extra=(layers_0-19 layers_0-24 layers_uniform-10 layers_bi-10 smollm2-5l-distilled smollm2-10l-distilled
+       smollm2-5l-distilled_fixed smollm2-10l-distilled_fixed smollm2-5l-bi smollm2-5l-bi-v4096
+       as-target_smollm2-5l-distilled lm_layers_0-19 lm_layers_0-24 lm_layers_uniform-10 lm_layers_bi-10
+       lm_smollm2-5l-distilled lm_smollm2-10l-distilled lm_smollm2-5l-bi sweep)  # by name
+[ $# -gt 0 ] || { echo "usage: leaderboard/reproduce.sh all | NAME ... (NAME: ${order[*]} ${extra[*]})" >&2; exit 2; }
+if [ "$1" = all ]; then names=("${order[@]}"); else names=("$@"); fi
 wants() { for n in "${names[@]}"; do [[ "${configs[$n]:-}" == *"$1"* ]] && return 0; done; return 1; }  # a draft the runs need
 if wants smollm2-5l-distilled && [ ! -d $drafts/smollm2-5l-distilled ]; then  # 8 minutes here
   $bin/zoo prune smollm2-135m-instruct --layers 5 --distill-tokens 65536 --out $drafts/smollm2-5l-distilled
@@ -86,7 +92,7 @@ if wants smollm2-eagle3 && [ ! -d $drafts/smollm2-eagle3 ]; then  # shipped in g
     --text-tokens 200000 --steps 1000 --out $drafts/smollm2-eagle3
 fi
 for name in "${names[@]}"; do
-  [ -n "${configs[$name]:-}" ] || { echo "reproduce.sh: unknown configuration $name: use one of ${order[*]}" >&2; exit 2; }
+  [ -n "${configs[$name]:-}" ] || { echo "reproduce.sh: unknown configuration $name: use all or one of ${order[*]} ${extra[*]}" >&2; exit 2; }
   if [ "$name" = sweep ]; then
     $bin/zoo profile --sweep --repeats 5 --out leaderboard/results/sweeps/sweep_cpu.json
     continue

@@ -21,6 +21,32 @@ def test_stop_check_decodes_only_the_tail_and_fires_as_a_full_decode_would():
     for step in (1, 2, 3):  # tokens arrive 1, 2 or 3 at a time, as speculative steps emit them
         check, decoded[:] = SpecDecLM._stop_check(spy, stops), []
         lengths = [*range(step, len(sequence), step), len(sequence)]
-        fired = next(n for n in lengths if check(sequence[:n]))  # generation ends at the first
+        fired, kept = next((n, k) for n in lengths if (k := check(sequence[:n])) is not None)  # ends at the first
         assert fired == next(n for n in lengths if any(s in tokenizer.decode(sequence[:n]) for s in stops)) >= 7
+        assert kept == 7  # where "w3 w4" completes, whichever step brought it: the row is cut there
         assert max(decoded) <= step + len(max(stops, key=len)) + 1  # never the whole generation
+
+
+def test_the_baseline_runs_first_every_other_batch(tmp_path, monkeypatch):
+    """Neither side of the speedup always runs on the warmer machine: the order alternates per generation batch,
+    and each request's own figures (its baseline's beside them) are kept for --log_samples."""
+    import torch
+    from conftest import save_tiny
+
+    from specdraft_eval.integration import lm_eval_model
+    from specdraft_eval.integration.lm_eval_model import SpecDecLM
+
+    model = SpecDecLM(pretrained=str(save_tiny(tmp_path / "tiny")), draft="prompt-lookup", baseline=True,
+                      device="cpu")
+    order = []
+    for name in ("speculative_generate_batch", "autoregressive_generate_batch"):
+        real = getattr(lm_eval_model, name)
+        monkeypatch.setattr(lm_eval_model, name, lambda *a, _real=real, _name=name, **k: order.append(_name[0])
+                            or _real(*a, **k))
+    model._contexts = ["w1 w2", "w3"]
+    context = torch.tensor([[5, 6, 7], [0, 8, 9]])
+    for _ in range(3):
+        model._model_generate(context, 8, [], attention_mask=torch.tensor([[1, 1, 1], [0, 1, 1]]))
+    assert order == ["s", "a", "a", "s", "s", "a"]
+    figures = model._request_figures["w1 w2"]
+    assert len(figures) == 3 and all(f["baseline_tokens"] == f["generated_tokens"] == 5 for f in figures)

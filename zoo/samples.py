@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
+from itertools import zip_longest
 from pathlib import Path
 
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.measure.record import sample_figures
-from specdraft_eval.measure.stats import _add_lists
 
 SPECIAL = ("task", "correct")
 """Groupings that are not document fields: the task (from the samples file's name) and the task's metric (> 0)."""
@@ -80,8 +80,8 @@ def group_samples(paths: list[Path], by: str = "task") -> list[SampleGroup]:
                                    "--model specdec run written with --log_samples")
             total = groups.setdefault(_key(sample, task, by, path), {"requests": 0, "accepted_per_position": []})
             total["requests"] += 1
-            total["accepted_per_position"] = _add_lists(total["accepted_per_position"],
-                                                        figures["accepted_per_position"])
+            total["accepted_per_position"] = [a + b for a, b in zip_longest(
+                total["accepted_per_position"], figures["accepted_per_position"], fillvalue=0)]
             for name in ("generated_tokens", "overshoot_tokens", "steps", "drafts", "accepted_tokens", "decode_ms",
                          "baseline_tokens", "baseline_ms"):
                 total[name] = total.get(name, 0) + (figures.get(name) or 0)
