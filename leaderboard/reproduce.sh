@@ -5,7 +5,7 @@
 # draft's build data), the distilled draft's own accuracy, each model draft's own bits per byte on the same
 # documents (lm_NAME: the tasks' _lm variants scored with score=draft), then regenerate the pages.
 # Usage: leaderboard/reproduce.sh all | NAME ...
-#   all: the published board, in one sitting on one machine (its rows: the `order` list below; 2 h 5 min on the
+#   all: the published board, in one sitting on one machine (its rows: the `order` list below; 1 h 35 min on the
 #   2-core Intel Xeon VM, run as five background jobs of at most 30 minutes); NAME: one configuration, the published
 #   ones or the extra ones (the pruned drafts: they are built first, 8 minutes each).
 set -euo pipefail
