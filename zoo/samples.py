@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from itertools import zip_longest
 from pathlib import Path
 
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.measure.record import sample_figures
+from specdraft_eval.measure.stats import GenerationStats
 
 SPECIAL = ("task", "correct")
 """Groupings that are not document fields: the task (from the samples file's name) and the task's metric (> 0)."""
@@ -65,8 +65,9 @@ def _key(sample: dict, task: str, by: str, path: Path) -> str:
 
 
 def group_samples(paths: list[Path], by: str = "task") -> list[SampleGroup]:
-    """Every request's figures in the samples files under ``paths``, summed per group (sorted by group)."""
-    groups: dict[str, dict] = {}
+    """Every request's figures in the samples files under ``paths``, their counters summed per group (sorted by
+    group) and the figures read off the sums (:class:`GenerationStats`)."""
+    groups: dict[str, GenerationStats] = {}
     for path in _files(paths):
         task = path.name.removeprefix("samples_").rsplit("_", 1)[0]
         for number, line in enumerate(path.read_text().splitlines(), 1):
@@ -78,21 +79,7 @@ def group_samples(paths: list[Path], by: str = "task") -> list[SampleGroup]:
             if figures is None:
                 raise SpecdecError(f"{path}:{number}: no specdec figures in the sample: give samples of a "
                                    "--model specdec run written with --log_samples")
-            total = groups.setdefault(_key(sample, task, by, path), {"requests": 0, "accepted_per_position": []})
-            total["requests"] += 1
-            total["accepted_per_position"] = [a + b for a, b in zip_longest(
-                total["accepted_per_position"], figures["accepted_per_position"], fillvalue=0)]
-            for name in ("generated_tokens", "overshoot_tokens", "steps", "drafts", "accepted_tokens", "decode_ms",
-                         "baseline_tokens", "baseline_ms"):
-                total[name] = total.get(name, 0) + (figures.get(name) or 0)
-    return [_group(name, total) for name, total in sorted(groups.items())]
-
-
-def _group(name: str, t: dict) -> SampleGroup:
-    timed = t["decode_ms"] > 0 and t["baseline_ms"] > 0 and t["baseline_tokens"] > 0
-    return SampleGroup(
-        name, t["requests"], t["generated_tokens"], t["overshoot_tokens"],
-        (t["accepted_tokens"] + t["steps"]) / t["steps"] if t["steps"] else None,
-        1 + t["accepted_tokens"] / t["drafts"] if t["drafts"] else None,
-        [a / t["drafts"] for a in t["accepted_per_position"]] if t["drafts"] else [],
-        (t["generated_tokens"] / t["decode_ms"]) / (t["baseline_tokens"] / t["baseline_ms"]) if timed else None)
+            key = _key(sample, task, by, path)
+            groups[key] = groups.get(key, GenerationStats()) + GenerationStats.of_request(figures)
+    return [SampleGroup(name, s.generations, s.generated_tokens, s.overshoot_tokens, s.tar, s.mean_acceptance_length,
+                        s.acceptance_rate_per_position, s.speedup) for name, s in sorted(groups.items())]

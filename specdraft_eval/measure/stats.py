@@ -117,13 +117,26 @@ class GenerationStats:
             "generated_tokens": self.generated_tokens, "overshoot_tokens": self.overshoot_tokens,
             "steps": self.steps, "drafts": self.drafts, "draft_tokens": self.draft_tokens,
             "accepted_tokens": self.accepted_tokens, "drafted_per_position": list(self.drafted_per_position),
-            "accepted_per_position": list(self.accepted_per_position), "tar": self.tar, **self.acceptance_figures,
+            "accepted_per_position": list(self.accepted_per_position),
+            "drafted_histogram": list(self.drafted_histogram), "tar": self.tar, **self.acceptance_figures,
             "draft_ms": self.draft_seconds * 1000, "verify_ms": self.verify_seconds * 1000,
             "decode_ms": self.decode_seconds * 1000,
             "baseline_tokens": self.baseline_tokens if self.baseline_seconds else None,
             "baseline_ms": self.baseline_seconds * 1000 if self.baseline_seconds else None,
             "speedup": self.speedup,
         }
+
+    @classmethod
+    def of_request(cls, figures: dict) -> GenerationStats:
+        """The counters back from :meth:`request_figures` (to be summed over requests, the figures read off the sum)."""
+        return cls(generations=1, steps=figures["steps"], draft_tokens=figures["draft_tokens"],
+                   accepted_tokens=figures["accepted_tokens"], generated_tokens=figures["generated_tokens"],
+                   overshoot_tokens=figures["overshoot_tokens"], decode_seconds=figures["decode_ms"] / 1000,
+                   drafted_per_position=list(figures["drafted_per_position"]),
+                   accepted_per_position=list(figures["accepted_per_position"]),
+                   drafted_histogram=list(figures.get("drafted_histogram") or []),
+                   baseline_tokens=figures.get("baseline_tokens") or 0,
+                   baseline_seconds=(figures.get("baseline_ms") or 0.0) / 1000)
 
     @property
     def trees(self) -> bool:
