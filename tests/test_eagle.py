@@ -17,7 +17,7 @@ from specdraft_eval import (
     speculative_generate_batch,
 )
 from specdraft_eval.drafts import load_draft
-from specdraft_eval.drafts.eagle import EAGLE3, EagleHead, HeadLayout, build, head_config, new_head
+from specdraft_eval.drafts.eagle import EAGLE3, KIND, EagleHead, HeadLayout, head_config, new_head
 from specdraft_eval.engine import kv_cache
 from specdraft_eval.engine.drafter import FINAL
 from specdraft_eval.errors import SpecdecError
@@ -97,7 +97,7 @@ LAYOUTS = {
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_greedy_identity_in_every_layout(tmp_path, target, layout):
-    draft = build(str(LAYOUTS[layout](tmp_path, target)), Target(target, None))
+    draft = KIND.load(str(LAYOUTS[layout](tmp_path, target)), Target(target, None))
     for prompt in PROMPTS:
         baseline, _ = autoregressive_generate(target, prompt, 40)
         for gamma, static in ((1, False), (4, False), (3, True)):
@@ -112,7 +112,7 @@ def test_greedy_identity_in_every_layout(tmp_path, target, layout):
 def test_the_head_reads_the_targets_features(tmp_path, target):
     """The drafter sees exactly the target's final hidden state at every position it kept, from prefill and from
     each verification (a recording head in place of the real one)."""
-    draft = build(str(eagle_dir(tmp_path, target)), Target(target, None))
+    draft = KIND.load(str(eagle_dir(tmp_path, target)), Target(target, None))
     seen: list[torch.Tensor] = []
     observe = draft.observe
     draft.observe = lambda features: (seen.append(features.clone()), observe(features))
@@ -187,7 +187,7 @@ def _corrupt(tmp: Path, target, what: str) -> Path:
 ])
 def test_bad_heads_get_one_line_errors(tmp_path, target, what, message):
     with pytest.raises(SpecdecError, match=re.escape(message)) as error:
-        build(str(_corrupt(tmp_path, target, what)), Target(target, None))
+        KIND.load(str(_corrupt(tmp_path, target, what)), Target(target, None))
     assert "\n" not in str(error.value)
 
 
@@ -195,16 +195,16 @@ def test_heads_for_another_target_or_tokenizer_are_refused(tmp_path, target):
     head3 = eagle3_dir(tmp_path, target)
     shallow = tiny_llama(seed=0, layers=3)
     with pytest.raises(SpecdecError, match=r"reads layers \[1, 3, 4\], but the target has 3 layers"):
-        build(str(head3), Target(shallow, None))
+        KIND.load(str(head3), Target(shallow, None))
     head = eagle_dir(tmp_path, target)
     meta = json.loads((head / "eagle.json").read_text())
     (head / "eagle.json").write_text(json.dumps({**meta, "vocab": "0000000000000000"}))
     from conftest import word_tokenizer
 
     with pytest.raises(SpecdecError, match="trained for another tokenizer"):
-        build(str(head), Target(target, word_tokenizer(["<unk>", "</s>", *[f"w{i}" for i in range(62)]])))
+        KIND.load(str(head), Target(target, word_tokenizer(["<unk>", "</s>", *[f"w{i}" for i in range(62)]])))
     with pytest.raises(SpecdecError, match="eagle needs a head"):
-        build(None, Target(target, None))
+        KIND.load(None, Target(target, None))
 
 
 def test_hub_head_offline_and_uncached_says_how(monkeypatch, tmp_path, target):
@@ -215,7 +215,7 @@ def test_hub_head_offline_and_uncached_says_how(monkeypatch, tmp_path, target):
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     with pytest.raises(SpecdecError, match="not in the Hugging Face cache and the hub is offline"):
-        build("nobody/EAGLE-nothing", Target(target, None))
+        KIND.load("nobody/EAGLE-nothing", Target(target, None))
 
 
 @pytest.fixture(scope="module")
@@ -337,7 +337,7 @@ def test_profile_times_a_head_fed_as_the_engine_feeds_it(tmp_path, target):
     from specdraft_eval.drafts.prompt_lookup import PromptLookupDrafter
     from zoo.timing import engine_latency
 
-    head = build(str(eagle_dir(tmp_path, target)), Target(target, None))
+    head = KIND.load(str(eagle_dir(tmp_path, target)), Target(target, None))
     verify, drafts = engine_latency(target, [head, PromptLookupDrafter()], [1, 3], [list(range(2, 20))], 3)
     assert drafts[head.name].t_draft.median > 0 and set(verify) == {0, 1, 2, 3}
 

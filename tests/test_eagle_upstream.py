@@ -15,7 +15,7 @@ import pytest
 import torch
 from conftest import tiny_llama
 
-from specdraft_eval.drafts.eagle import build
+from specdraft_eval.drafts.eagle import KIND
 from specdraft_eval.engine.sampling import Sampler
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.models.targets import Target
@@ -252,7 +252,7 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
 
 def ours(path: Path, target, tokens: list[int], gamma: int, taps: list[int] | None) -> list[int]:
     """Our drafter's chain, fed the target's features as the engine feeds them."""
-    drafter = build(str(path), Target(target, None))
+    drafter = KIND.load(str(path), Target(target, None))
     with torch.no_grad():
         states = target(torch.tensor([tokens[:-1]]), output_hidden_states=True).hidden_states
     drafter.observe(torch.cat([states[t][0] for t in taps], -1) if taps else states[-1][0])
@@ -281,7 +281,7 @@ def test_eagle3_layouts_draft_the_tokens_the_upstream_forward_drafts(tmp_path, t
         expected, _ = reference_eagle3(w, target, tokens, taps, 4, layers=layers, width=width,
                                        before_residual=before_residual)
         assert ours(path, target, tokens, 4, taps) == expected, (variant, tokens)
-    drafter = build(str(path), Target(target, None))  # the head's hidden states themselves, position by position
+    drafter = KIND.load(str(path), Target(target, None))  # the head's hidden states themselves, position by position
     tokens = SEQUENCES[1]
     _, hidden = reference_eagle3(w, target, tokens, taps, 1, layers=layers, width=width, before_residual=before_residual)
     with torch.no_grad():
@@ -317,7 +317,7 @@ def test_the_engine_hands_an_eagle3_head_the_inputs_of_its_layers_in_ascending_o
     decoder layers (output_hidden_states[t]), concatenated by ascending layer, as vLLM collects them."""
     from specdraft_eval.engine.loop import speculative_generate
 
-    drafter = build(str(write_eagle3(tmp_path / "head", taps=[4, 1, 3], taps_under="eagle_config")),
+    drafter = KIND.load(str(write_eagle3(tmp_path / "head", taps=[4, 1, 3], taps_under="eagle_config")),
                     Target(target, None))
     seen: list[torch.Tensor] = []
     observe = drafter.observe
@@ -341,7 +341,7 @@ def test_the_engine_hands_an_eagle3_head_the_inputs_of_its_layers_in_ascending_o
 def test_a_checkpoint_key_is_read_or_refused_in_one_line(tmp_path, target, change, message):
     path = write_eagle3(tmp_path / "head", **change)
     with pytest.raises(SpecdecError, match=message.replace("[", r"\[").replace("]", r"\]")):
-        build(str(path), Target(target, None))
+        KIND.load(str(path), Target(target, None))
 
 
 def test_a_config_that_miscounts_its_layers_is_refused(tmp_path, target):
@@ -350,7 +350,7 @@ def test_a_config_that_miscounts_its_layers_is_refused(tmp_path, target):
     config["transformer_layer_config"]["num_hidden_layers"] = 1
     (path / "config.json").write_text(json.dumps(config))
     with pytest.raises(SpecdecError, match="its config says 1 decoder layers, its weights hold 2"):
-        build(str(path), Target(target, None))
+        KIND.load(str(path), Target(target, None))
 
 
 # --- exports: what vLLM's readers require -----------------------------------------------------------------------------

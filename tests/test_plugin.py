@@ -1,5 +1,4 @@
-"""A drafter plugin written from the README alone: the example under "Writing a draft kind" is extracted from
-README.md, installed as a distribution with an entry point in the ``specdraft_eval.drafts`` group, and run by the
+"""A drafter plugin written from the docs alone: the example in docs/kinds.md is extracted from it, installed as a distribution with an entry point in the ``specdraft_eval.drafts`` group, and run by the
 Python API and by the stock ``lm_eval --model specdec``."""
 
 from __future__ import annotations
@@ -19,9 +18,9 @@ KIND = "repeat-last"
 
 def install_readme_plugin(site: Path) -> Path:
     """Write the README's plugin module and a ``.dist-info`` declaring its entry point into ``site``."""
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "kinds.md").read_text()
     found = re.search(r"<!-- plugin example: (\w+)\.py -->\s*```python\n(.*?)```", readme, re.S)
-    assert found, "README.md lost its plugin example"
+    assert found, "docs/kinds.md lost its plugin example"
     module, code = found.groups()
     site.mkdir(parents=True, exist_ok=True)
     (site / f"{module}.py").write_text(code)

@@ -112,7 +112,7 @@ def test_emitted_tokens_follow_target_distribution(target, setting, draft_kind):
         "eagle-reduced": lambda: EagleDrafter(new_head(target, [0, 1, 3, 4, 6], seed=7), target, "e",
                                               [0, 1, 3, 4, 6]),
         "eagle-tree": lambda: EagleDrafter(new_head(target, seed=7), target, "e", None, TreeShape(3, 3)),
-        "suffix": lambda: suffix.build(None, None),
+        "suffix": lambda: suffix.KIND.load(None, None),
     }
     draft = drafts[draft_kind]()
     expected = exact_joint(target, Sampler(True, **setting))

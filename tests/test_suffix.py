@@ -9,7 +9,7 @@ import torch
 from conftest import tiny_llama
 from test_engine import hf_greedy
 
-from specdraft_eval.drafts.suffix import MIN_PROB, _best_first, build
+from specdraft_eval.drafts.suffix import KIND, MIN_PROB, _best_first
 from specdraft_eval.engine.loop import speculative_generate, speculative_generate_batch
 from specdraft_eval.engine.sampling import Sampler
 from specdraft_eval.errors import SpecdecError
@@ -23,7 +23,7 @@ def _paths(proposal) -> dict[tuple[int, ...], int]:
 
 
 def test_the_longest_earlier_suffix_proposes_what_followed_it_as_a_counted_tree():
-    draft = build("local", None)
+    draft = KIND.load("local", None)
     # "0 9 1 2 3" occurred twice before (then 5 6 7 8 0, then 4 6 7 8 10); "1 2 3" once more at the start (then
     # 4), which the longer matches overrule
     tokens = [1, 2, 3, 4, 0, 9, 1, 2, 3, 5, 6, 7, 8, 0, 9, 1, 2, 3, 4, 6, 7, 8, 10, 0, 9, 1, 2, 3]
@@ -48,16 +48,16 @@ def test_continuations_less_likely_than_min_prob_are_left_out(occurrences):
 
 def test_earlier_outputs_of_the_run_are_searched_and_not_concurrent_ones():
     target = tiny_llama(seed=0)
-    draft = build(None, None)
+    draft = KIND.load(None, None)
     prompt = [3, 4, 5]
     first, _ = speculative_generate(target, draft, prompt, 24, num_draft_tokens=4)
-    local = build("local", None)
+    local = KIND.load("local", None)
     context = [60, 61, *first[4:6]]  # a bigram of the first output, in a new prompt
     draft.reset()
     assert draft.propose(context, 4, Sampler()).tokens[:1] == first[6:7]
     assert local.propose(context, 4, Sampler()).tokens == []
     # a batch: rows see the outputs of earlier generations, then their own rows' only after the batch
-    twin = build(None, None)
+    twin = KIND.load(None, None)
     rows = [[3, 4, 5], [9, 8, 7, 6]]
     out, _ = speculative_generate_batch(target, twin, rows, 20, num_draft_tokens=4)
     forked = twin.fork()
@@ -73,7 +73,7 @@ def test_suffix_decodes_as_the_target_does(rows, arg):
     target = tiny_llama(seed=1)
     prompts = [[2 + i, 7, 7, 9, 2 + i, 7] for i in range(rows)]
     expected = [hf_greedy(target, torch.tensor([p]), 40) for p in prompts]
-    draft = build(arg, None)
+    draft = KIND.load(arg, None)
     for _ in range(2):  # the second pass drafts from the first one's outputs too
         out, stats = speculative_generate_batch(target, draft, prompts, 40, num_draft_tokens=6)
         assert out == expected and stats.accepted_tokens > 0
@@ -81,7 +81,7 @@ def test_suffix_decodes_as_the_target_does(rows, arg):
 
 def test_a_bad_suffix_option_is_one_line():
     with pytest.raises(SpecdecError, match="draft=suffix:local"):
-        build("global", None)
+        KIND.load("global", None)
 
 
 def test_a_zoo_ngram_directory_seeds_the_corpus(tmp_path):
@@ -93,9 +93,9 @@ def test_a_zoo_ngram_directory_seeds_the_corpus(tmp_path):
 
     tokenizer = word_tokenizer(["a", "b", "c"])
     save_continuations(tmp_path, tokenizer, [[5, 6, 7, 8, 9]], {})
-    draft = build(str(tmp_path), Target(tiny_llama(), tokenizer))
+    draft = KIND.load(str(tmp_path), Target(tiny_llama(), tokenizer))
     assert draft.name == f"suffix:{tmp_path}"
     assert draft.propose([1, 2, 6, 7], 4, Sampler()).tokens == [8, 9]  # from the first request on
     assert DraftSpec.parse(f"suffix:{tmp_path}").path() == tmp_path and DraftSpec.parse("suffix:local").path() is None
     with pytest.raises(SpecdecError, match="zoo ngram"):
-        build(str(tmp_path / "missing"), None)
+        KIND.load(str(tmp_path / "missing"), None)

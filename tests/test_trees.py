@@ -214,10 +214,10 @@ def test_continuations_merge_into_a_tree_breadth_first_within_the_budget():
 
 
 def test_prompt_lookup_trees_propose_every_match_and_keep_the_targets_tokens(target):
-    from specdraft_eval.drafts.prompt_lookup import build
+    from specdraft_eval.drafts.prompt_lookup import KIND
 
-    draft = build("3x4", None)
-    assert draft.name == "prompt-lookup:3x4" and build("2-3x2", None).name == "prompt-lookup:2-3x2"
+    draft = KIND.load("3x4", None)
+    assert draft.name == "prompt-lookup:3x4" and KIND.load("2-3x2", None).name == "prompt-lookup:2-3x2"
     proposal = draft.propose([1, 2, 3, 1, 2, 4, 1, 2, 5, 1, 2], 6, Sampler())
     assert proposal.tokens[:3] == [3, 4, 5] and proposal.parents[:3] == [-1, -1, -1]
     rows = [[3, 9, 3, 9, 4, 3, 9, 5, 3, 9, 3][: n] for n in (11, 7, 9)]
@@ -228,14 +228,14 @@ def test_prompt_lookup_trees_propose_every_match_and_keep_the_targets_tokens(tar
 
 @pytest.mark.parametrize("arg", ["3x", "3xa", "x2", "3x0"])
 def test_prompt_lookup_tree_sizes_are_checked(arg):
-    from specdraft_eval.drafts.prompt_lookup import build
+    from specdraft_eval.drafts.prompt_lookup import KIND
     from specdraft_eval.errors import SpecdecError
 
     if arg == "3x":
-        assert build(arg, None).branches == 1
+        assert KIND.load(arg, None).branches == 1
         return
     with pytest.raises(SpecdecError, match="prompt-lookup:3x4"):
-        build(arg, None)
+        KIND.load(arg, None)
 
 
 def _reference_tree(head, embed, features: torch.Tensor, tokens: list[int], topk: int, depth: int,
@@ -375,7 +375,7 @@ def test_tree_drafts_say_so_for_the_compiled_warm_up(target):
     head = new_head(target, seed=7)
     assert EagleDrafter(head, target, "e", None, TreeShape(2, 3)).drafts_trees
     assert not EagleDrafter(head, target, "e", None).drafts_trees
-    assert prompt_lookup.build("3x2", None).drafts_trees and not prompt_lookup.build("3", None).drafts_trees
+    assert prompt_lookup.KIND.load("3x2", None).drafts_trees and not prompt_lookup.KIND.load("3", None).drafts_trees
     assert NGramDrafter([[1, 2, 3]], branches=2).drafts_trees and not NGramDrafter([[1, 2, 3]]).drafts_trees
-    assert suffix.build(None, None).drafts_trees
-    assert CompositeDrafter([prompt_lookup.build("3", None), suffix.build(None, None)]).drafts_trees
+    assert suffix.KIND.load(None, None).drafts_trees
+    assert CompositeDrafter([prompt_lookup.KIND.load("3", None), suffix.KIND.load(None, None)]).drafts_trees

@@ -79,16 +79,18 @@ def vocab_size(family: str) -> int:
 
 @dataclass(frozen=True)
 class Listing:
-    """``zoo list``: catalog drafts and the training-free kinds (``name``, ``source``: any family)."""
+    """``zoo list``: catalog drafts and the draft kinds (``name``: usage, ``family``: any, ``source``: summary)."""
 
     drafts: list[CatalogEntry]
-    training_free: list[dict[str, str]]
+    kinds: list[dict[str, str]]
 
     def to_json(self) -> dict:
-        return {"drafts": [asdict(entry) for entry in self.drafts], "training_free": self.training_free}
+        return {"drafts": [asdict(entry) for entry in self.drafts], "kinds": self.kinds}
 
 
 def listing(target: str | None) -> Listing:
-    """Catalog drafts (for ``target``'s family, if given) and the training-free kinds."""
-    return Listing(entries(target), [{"name": d["name"], "family": "any", "source": d["source"]}
-                                     for d in load()["training_free"]])
+    """Catalog drafts (for ``target``'s family, if given) and every registered draft kind."""
+    from specdraft_eval.drafts.kind import draft_kinds
+
+    return Listing(entries(target), [{"name": kind.usage or kind.name, "family": "any", "source": kind.summary}
+                                     for kind in draft_kinds().values()])

@@ -32,14 +32,14 @@ def list_drafts(
     target: Annotated[Optional[str], typer.Option("--target", "-t", help="Only drafts whose tokenizer fits this target.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Show the catalog of known drafts, by target family, with the training-free kinds."""
+    """Show the catalog of known drafts, by target family, and the draft kinds."""
     from zoo import catalog
 
     data = catalog.listing(target).to_json()
     if as_json:
         return emit(data, True)
     emit(data["drafts"], False, ["name", "family", "hub_id", "parameters_m", "layers", "licence", "source"])
-    emit(data["training_free"], False, ["name", "family", "source"])
+    emit(data["kinds"], False, ["name", "family", "source"])
 
 
 @app.command()

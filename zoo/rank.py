@@ -43,13 +43,13 @@ class Candidate:
 
 
 def tree_depth(draft: str) -> int | None:
-    """The depth of the EAGLE-2 tree ``draft`` grows (its first model part's, in a composite), None for a chain."""
-    from specdraft_eval.drafts.eagle import split
-    from specdraft_eval.drafts.spec import DraftSpec
+    """The depth of the token tree ``draft`` grows one draft pass per depth (its first such part's, in a
+    composite), None for a chain."""
+    from specdraft_eval.drafts.spec import DraftSpec, draft_kinds
 
-    part = next((p for p in DraftSpec.parse(draft).leaves() if p.kind == "eagle"), None)
-    tree = split(part.arg or "")[1] if part is not None else None
-    return tree.depth if tree else None
+    kinds = draft_kinds()
+    depths = (kinds[p.kind].tree_depth(p.value) for p in DraftSpec.parse(draft, kinds).leaves() if p.kind in kinds)
+    return next((d for d in depths if d), None)
 
 
 def tar_from_results(files: list[ResultsFile], target: str, task: str, draft: str) -> tuple[dict[int, float], dict[int, str]]:

@@ -7,6 +7,7 @@ from dataclasses import replace
 from functools import partial
 
 from specdraft_eval import published
+from specdraft_eval.drafts.kind import all_candidates
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.files import RecordWarning
 from specdraft_eval.integration.offline_data import task_prompts
@@ -34,10 +35,11 @@ PROFILE_REPEATS = 7
 
 
 def default_drafts(target_name: str, depth: int) -> list[str]:
-    """prompt-lookup, a 5-layer view of the target, and catalog drafts available without a download."""
+    """Every kind's candidates (prompt-lookup, a 5-layer view of the target, suffix, ...) and catalog drafts
+    available without a download."""
     from huggingface_hub import try_to_load_from_cache
 
-    names = ["prompt-lookup", f"layers:0-{min(5, depth) - 1}"]
+    names = [found.draft for found in all_candidates(depth)]
     for entry in catalog.entries(target_name) if catalog.family_of(target_name) else []:
         if entry.name == target_name:
             continue
@@ -72,7 +74,7 @@ def run_rank(target_name: str, options: RankOptions = RankOptions(),
     target = shapes.model_shape(target_name)
     family = [e.name for e in catalog.entries(target_name) if target_name.lower() not in (e.name, e.hub_id.lower())
               ] if catalog.family_of(target_name) else []
-    names = drafts or ["prompt-lookup", f"layers:0-{min(5, target.shape.layers) - 1}", *family, *sorted(records)]
+    names = drafts or [*(found.draft for found in all_candidates(target.shape.layers)), *family, *sorted(records)]
     resolved = {}
     for name in names:
         r = shapes.draft_shape(name, target.shape, records.get(name))

@@ -8,7 +8,6 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdraft_eval.drafts.layers import parse_layers
 from specdraft_eval.drafts.spec import AUTO, COMPOSITE, MODEL, DraftSpec, draft_kinds
 from specdraft_eval.errors import SpecdecError
 from zoo import catalog
@@ -62,22 +61,8 @@ def model_shape(name: str) -> Resolved:
     return Resolved(name, shape_from_config(config), f"config ({file})")
 
 
-def head_shape(arg: str, target: Shape) -> Shape:
-    """An EAGLE-style head's shape: one of the target's decoder layers, ``fc`` (2 or 3 target widths in), its output
-    head (the head's vocabulary) and the target's embedding (one row read per token)."""
-    from specdraft_eval.drafts.eagle import EAGLE3, describe
-
-    variant, vocab = describe(arg)
-    vocab = vocab or target.vocab_size
-    hidden = target.hidden_size
-    per_layer = (target.parameters - target.embedding_parameters - target.vocab_size * hidden) / target.layers
-    fc = (3 if variant == EAGLE3 else 2) * hidden * hidden
-    return Shape(1, hidden, target.heads, target.kv_heads, vocab,
-                 per_layer + fc + vocab * hidden + target.embedding_parameters, target.embedding_parameters)
-
-
 def draft_shape(name: str, target: Shape, record=None) -> Resolved:
-    """A draft's shape: model-free kinds, ``layers:`` views of ``target``, models, composites (the shape of
+    """A draft's shape: a kind's (:meth:`~specdraft_eval.drafts.kind.DraftKind.shape`), models, composites (the shape of
     their first part with a model, as :class:`~specdraft_eval.drafts.composite.CompositeDrafter` reports); or,
     for a draft known only from a results ``record``, its recorded size at the target's width."""
     kinds = draft_kinds()
@@ -91,16 +76,10 @@ def draft_shape(name: str, target: Shape, record=None) -> Resolved:
         return Resolved(canonical, shaped.shape if shaped else None,
                         f"composite: {shaped.source} of {shaped.name}" if shaped else "model-free",
                         shaped.shares_target if shaped else False)
-    if spec.kind == "layers":
-        layers = parse_layers(spec.arg or "", target.layers)
-        return Resolved(f"layers:{','.join(map(str, layers))}", target.with_layers(len(layers)), "target's config",
-                        True)
-    if spec.kind == "eagle":
-        return Resolved(spec.name, head_shape(spec.arg or "", target), "one layer at the target's width")
-    if spec.kind != MODEL:  # a model-free kind: its canonical name (built without a target unless it reads files)
-        build = kinds[spec.kind]
-        canonical = spec.name if spec.path(kinds) is not None else build(spec.arg, None).name
-        return Resolved(canonical, None, "model-free")
+    if spec.kind != MODEL:  # the kind's shape and canonical name
+        kind = kinds[spec.kind]
+        found = kind.shape(spec.value, target)
+        return Resolved(kind.canonical(spec.value, spec.name), found.shape, found.source, found.shares_target)
     try:
         return model_shape(name)
     except SpecdecError:

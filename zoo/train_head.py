@@ -44,9 +44,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specdraft_eval.drafts.eagle import HEAD_FILE, HEAD_FORMAT, EagleHead, default_taps, new_eagle3_head, new_head
-from specdraft_eval.drafts.medusa import MedusaHeads
-from specdraft_eval.drafts.medusa import vllm_files as medusa_vllm_files
+from specdraft_eval.drafts.eagle.formats import save_eagle3, save_head
+from specdraft_eval.drafts.eagle.module import EagleHead, default_taps, new_eagle3_head, new_head
+from specdraft_eval.drafts.medusa import MedusaHeads, save_medusa
 from specdraft_eval.drafts.ngram import vocab_fingerprint
 from specdraft_eval.engine import kv_cache
 from specdraft_eval.engine.drafter import FINAL
@@ -116,27 +116,6 @@ class HeadTraining:
         if self.medusa and (self.medusa_heads < 1 or self.medusa_layers < 0 or self.window <= self.medusa_heads + 1):
             raise SpecdecError(f"--medusa-heads must be >= 1 and below --window - 1, --medusa-layers >= 0 (got "
                                f"{self.medusa_heads}, {self.medusa_layers})")
-
-
-def _stored(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Weights as a head is saved: float32 as float16 (half the size; loaded at the target's dtype), others as
-    they are."""
-    return {k: v.detach().cpu().to(torch.float16 if v.dtype == torch.float32 else v.dtype).contiguous()
-            for k, v in state.items()}
-
-
-def save_head(directory: Path, head: EagleHead, meta: dict) -> None:
-    """The EAGLE repository's layout (``config.json``, ``model.safetensors``: fc, layers.0; float32 weights stored as
-    float16, half the size, loaded at the target's dtype) plus ``eagle.json`` (format, tokenizer fingerprint, output
-    vocabulary, how it was trained)."""
-    from safetensors.torch import save_file
-
-    state = _stored({k: v for k, v in head.state_dict().items() if not k.startswith(("lm_head.", "rotary_emb."))})
-    save_file(state, str(directory / "model.safetensors"))
-    config = head.config.to_dict()
-    config.update(architectures=["LlamaForCausalLM"], bias=head.fc.bias is not None)
-    (directory / "config.json").write_text(json.dumps(config, indent=1, default=str))
-    write_json(directory / HEAD_FILE, {"format": HEAD_FORMAT, **meta})
 
 
 def generations(target, tokenizer, texts: list[str], settings: HeadTraining, tick: Tick,
@@ -303,29 +282,6 @@ def unrolled_mask(width: int, step: int, device: torch.device, dtype: torch.dtyp
     return kv_cache.additive(torch.cat(blocks, 1)[None], dtype)
 
 
-def save_eagle3(directory: Path, head: EagleHead, target_name: str, meta: dict) -> None:
-    """speculators' EAGLE-3 layout, as vLLM loads it as it is: ``model.safetensors`` (``fc``, ``layers.0``, ``norm``,
-    ``lm_head`` over the draft vocabulary in float16, ``d2t`` offsets and ``t2d``) and a speculators config (the layer config,
-    the taps, ``norm_before_residual``, a greedy proposal method of the unrolled depth, our training record)."""
-    from safetensors.torch import save_file
-
-    state = _stored({k: v for k, v in head.state_dict().items() if not k.startswith("rotary_emb.")})
-    token_ids = meta["token_ids"] or list(range(head.lm_head.out_features))
-    state["d2t"] = torch.tensor(token_ids) - torch.arange(len(token_ids))
-    state["t2d"] = torch.isin(torch.arange(head.config.vocab_size), torch.tensor(token_ids))
-    save_file(state, str(directory / "model.safetensors"))
-    layer = {**head.config.to_dict(), "model_type": "llama"}
-    config = {"speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"], "transformer_layer_config": layer,
-              "draft_vocab_size": len(token_ids), "norm_before_residual": head.layers[0].norm_before_residual,
-              "eagle_aux_hidden_state_layer_ids": list(head.taps),
-              "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
-                                     "proposal_methods": [{"proposal_type": "greedy",
-                                                           "speculative_tokens": meta["training"]["unroll"]}],
-                                     "verifier": {"name_or_path": target_name}},
-              "specdraft_eval": {k: v for k, v in meta.items() if k != "token_ids"}}  # d2t holds the vocabulary
-    (directory / "config.json").write_text(json.dumps(config, indent=1, default=str))
-
-
 def new_medusa(target, settings: HeadTraining) -> MedusaHeads:
     """Medusa heads for ``target``: ResBlocks zero-initialised (identity at the start, as Medusa's), each output layer
     the target's own head (frozen)."""
@@ -352,41 +308,6 @@ def medusa_losses(heads: MedusaHeads, ids: torch.Tensor, feats: torch.Tensor) ->
         total = total + F.cross_entropy(logits.flatten(0, 1), wanted.flatten())
         agreement.append(float((logits.argmax(-1) == wanted).float().mean()))
     return total, agreement
-
-
-def save_medusa(directory: Path, heads: MedusaHeads, target_name: str, meta: dict,
-                token_ids: list[int] | None = None) -> None:
-    """With ``token_ids``: vLLM's layout (:func:`~specdraft_eval.drafts.medusa.vllm_files`) cut to those tokens'
-    output rows, their ``token_map`` in ``model.safetensors``. Without: Medusa's layout, ``config.json``
-    (``medusa_num_heads``, ``medusa_num_layers``) and ``medusa_lm_head.pt`` (per head i: ``i.j.linear`` for each of
-    its L ResBlock slots, one set of weights as upstream shares them, and ``i.L.weight``). Both configs carry
-    ``base_model_name_or_path`` and our training record."""
-    record = {"base_model_name_or_path": target_name, "specdraft_eval": {k: v for k, v in meta.items()
-                                                                          if k != "token_ids"}}
-    if token_ids:
-        from safetensors.torch import save_file
-
-        if heads.token_map is not None:
-            raise SpecdecError("these Medusa heads already have a reduced vocabulary: cut heads over the whole "
-                               "vocabulary (--vocab-top 0)")
-
-        token_map = torch.as_tensor(token_ids, dtype=torch.long)
-        cut = MedusaHeads(len(heads.out), heads.layers, heads.out[0].in_features, heads.vocab_size, token_map)
-        cut.load_state_dict({**heads.state_dict(), **{f"out.{i}.weight": out.weight.detach().cpu()[token_map]
-                                                      for i, out in enumerate(heads.out)}, "token_map": token_map})
-        state, config = medusa_vllm_files(cut)
-        save_file(state, str(directory / "model.safetensors"))
-        (directory / "config.json").write_text(json.dumps(config | record, indent=1, default=str))
-        return
-    state = {}
-    for i, (block, out) in enumerate(zip(heads.blocks, heads.out)):
-        for j in range(heads.layers):
-            state[f"{i}.{j}.linear.weight"] = block.weight.detach().cpu().contiguous()
-            state[f"{i}.{j}.linear.bias"] = block.bias.detach().cpu().contiguous()
-        state[f"{i}.{heads.layers}.weight"] = out.weight.detach().cpu().contiguous()
-    torch.save(state, directory / "medusa_lm_head.pt")
-    (directory / "config.json").write_text(json.dumps(
-        {"medusa_num_heads": len(heads.out), "medusa_num_layers": heads.layers} | record, indent=1, default=str))
 
 
 class _Work:

@@ -45,7 +45,7 @@ def load_draft(spec: str | DraftSpec, target: Target) -> Drafter:
         raise SpecdecError("draft 'auto' names no draft until it is resolved for a target: resolve it with "
                            "specdraft_eval.integration.recommend.resolve_auto(target), or name a draft")
     if spec.kind != MODEL:
-        return kinds[spec.kind](spec.arg, target)
+        return kinds[spec.kind].build(spec.value, target)
     name = spec.arg
     try:
         loaded = target.settings.load(name)

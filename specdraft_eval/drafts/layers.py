@@ -10,14 +10,16 @@ import copy
 
 import torch
 
+from specdraft_eval.drafts.kind import Candidate, DraftKind, DraftShape
 from specdraft_eval.drafts.model import ModelDrafter
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.models.structure import decoder_path
 from specdraft_eval.models.targets import Target
 
 
-def parse_layers(spec: str, depth: int) -> list[int]:
-    """``"0-3,29"`` (or ``"0-3+29"``, which needs no quoting in model_args) -> ``[0, 1, 2, 3, 29]``."""
+def parse_layers(spec: str, depth: int | None) -> list[int]:
+    """``"0-3,29"`` (or ``"0-3+29"``, which needs no quoting in model_args) -> ``[0, 1, 2, 3, 29]``, each below
+    ``depth`` (None: unchecked)."""
     layers: list[int] = []
     for part in spec.replace("+", ",").split(","):
         part = part.strip()
@@ -31,11 +33,16 @@ def parse_layers(spec: str, depth: int) -> list[int]:
             raise SpecdecError(f"bad layer list {spec!r}: use indices and ranges such as layers:0-3,29") from None
     if not layers:
         raise SpecdecError("empty layer list: use e.g. layers:0-3,29")
-    bad = [i for i in layers if not 0 <= i < depth]
+    if len(set(layers)) != len(layers) or layers != sorted(layers) or layers[0] < 0:
+        raise SpecdecError(f"layer list {spec!r} must be increasing without repeats, e.g. layers:0-3,29")
+    return in_range(layers, depth)
+
+
+def in_range(layers: list[int], depth: int | None) -> list[int]:
+    """``layers``, or a one-line error naming the first not below ``depth`` (None: any)."""
+    bad = [i for i in layers if depth is not None and not 0 <= i < depth]
     if bad:
         raise SpecdecError(f"layer {bad[0]} is out of range: the target has layers 0-{depth - 1}")
-    if len(set(layers)) != len(layers) or layers != sorted(layers):
-        raise SpecdecError(f"layer list {spec!r} must be increasing without repeats, e.g. layers:0-3,29")
     return layers
 
 
@@ -82,11 +89,36 @@ def layer_view(target: torch.nn.Module, layers: list[int]) -> torch.nn.Module:
     return root
 
 
-def build(arg: str | None, target: Target) -> ModelDrafter:
-    """Entry point for ``layers:SPEC``."""
-    if not arg:
-        raise SpecdecError("layers needs a list: e.g. draft=layers:0-3,29")
-    model = target.model
-    layers = parse_layers(arg, model.config.num_hidden_layers)
-    spec = ",".join(str(i) for i in layers)
-    return ModelDrafter(layer_view(model, layers), f"layers:{spec}", model.config.vocab_size)
+class LayersKind(DraftKind):
+    """``layers:SPEC``: the target's own layers SPEC as a draft."""
+
+    name = "layers"
+    usage = "layers:SPEC"
+    summary = "depth-pruned view of the target sharing its weights, e.g. layers:0-4 or layers:0-3+29"
+
+    def parse(self, arg: str | None) -> tuple[int, ...]:
+        if not arg:
+            raise SpecdecError("layers needs a list: e.g. draft=layers:0-3,29")
+        return tuple(parse_layers(arg, None))
+
+    def build(self, value: tuple[int, ...], target: Target) -> ModelDrafter:
+        model = target.model
+        layers = in_range(list(value), model.config.num_hidden_layers)
+        return ModelDrafter(layer_view(model, layers), f"layers:{','.join(map(str, layers))}", model.config.vocab_size)
+
+    def canonical(self, value: tuple[int, ...], written: str) -> str:
+        return f"layers:{','.join(map(str, value))}"
+
+    def shape(self, value: tuple[int, ...], target) -> DraftShape:
+        return DraftShape(target.with_layers(len(in_range(list(value), target.layers))), "target's config", True)
+
+    def candidates(self, target_layers: int) -> tuple[Candidate, ...]:
+        return (Candidate(f"layers:0-{min(5, target_layers) - 1}", (1, 2, 4)),)
+
+    def vllm_config(self, value: tuple[int, ...], num_draft_tokens: int, written: str) -> dict:
+        keep = written.partition(":")[2]
+        raise SpecdecError(f"vLLM cannot run a layer view ({written}): save it as a draft model with "
+                           f"`zoo prune TARGET --keep {keep} --out DIR` and serve draft=DIR")
+
+
+KIND = LayersKind()

@@ -23,13 +23,14 @@ lossless under sampling too (residual rule).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from specdraft_eval.drafts.checkpoint import load_into, read_json, read_weights
-from specdraft_eval.drafts.spec import split_shape
+from specdraft_eval.drafts.kind import DraftKind, split_shape
 from specdraft_eval.engine.drafter import FINAL, DrafterBase, Proposal, static_tree, tree_parents
 from specdraft_eval.engine.sampling import Sampler
 from specdraft_eval.errors import SpecdecError
@@ -233,21 +234,83 @@ def is_medusa(directory: Path) -> bool:
     return "medusa_num_heads" in config or vllm_layout(config)
 
 
-def build(arg: str | None, target: Target) -> MedusaDrafter:
-    """Entry point for ``medusa:DIR`` (the checkpoint's ``medusa_choices``, else a top-4 static tree) and
-    ``medusa:DIR@K`` (a top-K static tree; ``@1``: a chain)."""
-    if not arg:
-        raise SpecdecError("medusa needs heads: e.g. draft=medusa:DIR (a FasterDecoding/Medusa head directory)")
-    where, shape = split_shape(arg)
-    if shape is not None and (not shape.isdigit() or int(shape) < 1):
-        raise SpecdecError(f"bad Medusa tree in {arg!r}: use medusa:DIR@K (top-K per head, K >= 1), e.g. medusa:DIR@4")
-    directory = Path(where).expanduser()
-    if not directory.is_dir():
-        raise SpecdecError(f"Medusa heads {where!r} not found: give a Medusa head directory")
-    heads, config = load_heads(directory, target.model)
-    depth = len(heads.out)
-    choices = [tuple(p) for p in config.get("medusa_choices") or [] if 0 < len(p) <= depth] if shape is None else []
-    return MedusaDrafter(heads, f"medusa:{arg}", choices or None, int(shape) if shape else DEFAULT_TOPK)
+def save_medusa(directory: Path, heads: MedusaHeads, target_name: str, meta: dict,
+                token_ids: list[int] | None = None) -> None:
+    """With ``token_ids``: vLLM's layout (:func:`~specdraft_eval.drafts.medusa.vllm_files`) cut to those tokens'
+    output rows, their ``token_map`` in ``model.safetensors``. Without: Medusa's layout, ``config.json``
+    (``medusa_num_heads``, ``medusa_num_layers``) and ``medusa_lm_head.pt`` (per head i: ``i.j.linear`` for each of
+    its L ResBlock slots, one set of weights as upstream shares them, and ``i.L.weight``). Both configs carry
+    ``base_model_name_or_path`` and our training record."""
+    record = {"base_model_name_or_path": target_name, "specdraft_eval": {k: v for k, v in meta.items()
+                                                                          if k != "token_ids"}}
+    if token_ids:
+        from safetensors.torch import save_file
+
+        if heads.token_map is not None:
+            raise SpecdecError("these Medusa heads already have a reduced vocabulary: cut heads over the whole "
+                               "vocabulary (--vocab-top 0)")
+
+        token_map = torch.as_tensor(token_ids, dtype=torch.long)
+        cut = MedusaHeads(len(heads.out), heads.layers, heads.out[0].in_features, heads.vocab_size, token_map)
+        cut.load_state_dict({**heads.state_dict(), **{f"out.{i}.weight": out.weight.detach().cpu()[token_map]
+                                                      for i, out in enumerate(heads.out)}, "token_map": token_map})
+        state, config = vllm_files(cut)
+        save_file(state, str(directory / "model.safetensors"))
+        (directory / "config.json").write_text(json.dumps(config | record, indent=1, default=str))
+        return
+    state = {}
+    for i, (block, out) in enumerate(zip(heads.blocks, heads.out)):
+        for j in range(heads.layers):
+            state[f"{i}.{j}.linear.weight"] = block.weight.detach().cpu().contiguous()
+            state[f"{i}.{j}.linear.bias"] = block.bias.detach().cpu().contiguous()
+        state[f"{i}.{heads.layers}.weight"] = out.weight.detach().cpu().contiguous()
+    torch.save(state, directory / "medusa_lm_head.pt")
+    (directory / "config.json").write_text(json.dumps(
+        {"medusa_num_heads": len(heads.out), "medusa_num_layers": heads.layers} | record, indent=1, default=str))
 
 
-build.path_marker = "medusa_lm_head.pt"
+class MedusaKind(DraftKind):
+    """``medusa:DIR`` (the checkpoint's ``medusa_choices``, else a top-4 static tree) and ``medusa:DIR@K`` (a top-K
+    static tree; ``@1``: a chain). The value is (DIR, K or None)."""
+
+    name = "medusa"
+    usage = "medusa:DIR[@K]"
+    summary = "Medusa heads on the target's last hidden state (`zoo train-head --kind medusa` builds DIR)"
+    path_marker = "medusa_lm_head.pt"
+
+    def parse(self, arg: str | None) -> tuple[str, int | None]:
+        if not arg:
+            raise SpecdecError("medusa needs heads: e.g. draft=medusa:DIR (a FasterDecoding/Medusa head directory)")
+        where, shape = split_shape(arg)
+        if shape is not None and (not shape.isdigit() or int(shape) < 1):
+            raise SpecdecError(f"bad Medusa tree in {arg!r}: use medusa:DIR@K (top-K per head, K >= 1), e.g. "
+                               "medusa:DIR@4")
+        return where, None if shape is None else int(shape)
+
+    def build(self, value: tuple[str, int | None], target: Target) -> MedusaDrafter:
+        where, topk = value
+        directory = Path(where).expanduser()
+        if not directory.is_dir():
+            raise SpecdecError(f"Medusa heads {where!r} not found: give a Medusa head directory")
+        heads, config = load_heads(directory, target.model)
+        depth = len(heads.out)
+        choices = [tuple(p) for p in config.get("medusa_choices") or [] if 0 < len(p) <= depth] if topk is None else []
+        name = f"medusa:{where}" + ("" if topk is None else f"@{topk}")
+        return MedusaDrafter(heads, name, choices or None, topk or DEFAULT_TOPK)
+
+    def path(self, value: tuple[str, int | None]) -> str:
+        return value[0]
+
+    def vllm_config(self, value: tuple[str, int | None], num_draft_tokens: int, written: str) -> dict:
+        where, topk = value
+        path = Path(where).expanduser()
+        if not vllm_layout(read_json(path / "config.json", WHAT) if (path / "config.json").is_file() else {}):
+            raise SpecdecError(f"vLLM reads Medusa heads in its own layout ({written}): write them so with `zoo "
+                               f"export {where} --to vllm --out DIR` and map medusa:DIR@1")
+        if topk != 1:
+            raise SpecdecError(f"vLLM's Medusa proposer drafts top-1 chains, not trees ({written}): map "
+                               f"medusa:{where}@1")
+        return {"method": "medusa", "model": str(path.resolve()), "num_speculative_tokens": num_draft_tokens}
+
+
+KIND = MedusaKind()

@@ -12,9 +12,10 @@ import hashlib
 import heapq
 import json
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
-from specdraft_eval.drafts.spec import split_shape
+from specdraft_eval.drafts.kind import DraftKind, split_shape
 from specdraft_eval.engine.drafter import DrafterBase, Proposal
 from specdraft_eval.engine.sampling import Sampler
 from specdraft_eval.errors import SpecdecError
@@ -103,15 +104,41 @@ class NGramDrafter(DrafterBase):
         return Proposal(nodes, parents=parents)
 
 
-def build(arg: str | None, target: Target) -> NGramDrafter:
-    """Entry point for ``ngram:DIR`` and ``ngram:DIR@B`` (a token tree of each node's B likeliest next tokens)."""
-    if not arg:
-        raise SpecdecError("ngram needs a directory: ngram:DIR, built by `zoo ngram TARGET --out DIR`")
-    where, branches = split_shape(arg)
-    branches = "1" if branches is None else branches
-    if not branches.isdigit() or int(branches) < 1:
-        raise SpecdecError(f"bad n-gram tree width in {arg!r}: use ngram:DIR@B with B >= 1, e.g. ngram:DIR@3")
-    return NGramDrafter(load_continuations(Path(where), target.tokenizer), name=f"ngram:{arg}", branches=int(branches))
+@dataclass(frozen=True)
+class TableArg:
+    """``ngram:DIR[@B]``: the directory ``zoo ngram`` built and the tree width B (1: a chain)."""
+
+    where: str
+    branches: int = 1
 
 
-build.path_marker = NGRAM_FILE  # ngram's argument is a directory, recognisable by this file in it
+class NGramKind(DraftKind):
+    """``ngram:DIR`` and ``ngram:DIR@B`` (a token tree of each node's B likeliest next tokens)."""
+
+    name = "ngram"
+    usage = "ngram:DIR[@B]"
+    summary = "n-gram tables of the target's own continuations (`zoo ngram` builds DIR; no model)"
+    path_marker = NGRAM_FILE  # ngram's argument is a directory, recognisable by this file in it
+
+    def parse(self, arg: str | None) -> TableArg:
+        if not arg:
+            raise SpecdecError("ngram needs a directory: ngram:DIR, built by `zoo ngram TARGET --out DIR`")
+        where, branches = split_shape(arg)
+        branches = "1" if branches is None else branches
+        if not branches.isdigit() or int(branches) < 1:
+            raise SpecdecError(f"bad n-gram tree width in {arg!r}: use ngram:DIR@B with B >= 1, e.g. ngram:DIR@3")
+        return TableArg(where, int(branches))
+
+    def build(self, value: TableArg, target: Target) -> NGramDrafter:
+        name = f"ngram:{value.where}" + (f"@{value.branches}" if value.branches > 1 else "")
+        return NGramDrafter(load_continuations(Path(value.where), target.tokenizer), name=name,
+                            branches=value.branches)
+
+    def path(self, value: TableArg) -> str:
+        return value.where
+
+    def vllm_config(self, value: TableArg, num_draft_tokens: int, written: str) -> dict:
+        raise SpecdecError(f"vLLM has no n-gram-table draft ({written}): serve prompt-lookup (vLLM's ngram) instead")
+
+
+KIND = NGramKind()

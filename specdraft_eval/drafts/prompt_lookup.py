@@ -9,6 +9,9 @@ tree instead: what followed each of up to B occurrences (earliest first, longest
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
+from specdraft_eval.drafts.kind import Candidate, DraftKind
 from specdraft_eval.engine.drafter import DrafterBase, Proposal, merge
 from specdraft_eval.engine.sampling import Sampler
 from specdraft_eval.errors import SpecdecError
@@ -44,16 +47,52 @@ class PromptLookupDrafter(DrafterBase):
         return merge(found, num_tokens)
 
 
-def build(arg: str | None, target: Target) -> PromptLookupDrafter:
-    """Entry point for ``prompt-lookup``, ``prompt-lookup:N`` (n-grams N..1), ``prompt-lookup:MIN-N`` (n-grams N..MIN:
-    no match shorter than MIN, which leaves such steps to the next part of a composite), and either with ``xB``: a
-    tree over up to B matches."""
-    if arg in (None, ""):
-        return PromptLookupDrafter()
-    sizes, _, branches = arg.partition("x")
-    low, _, high = sizes.rpartition("-")
-    if not high.isdigit() or not (low.isdigit() or low == "") or not (branches.isdigit() or branches == ""):
-        raise SpecdecError(f"bad prompt-lookup size {arg!r}: use prompt-lookup:N or prompt-lookup:MIN-N with "
-                           "1 <= MIN <= N, e.g. prompt-lookup:3 or prompt-lookup:2-3, and xB for a tree over up to "
-                           "B matches, e.g. prompt-lookup:3x4")
-    return PromptLookupDrafter(int(high), int(low or 1), int(branches or 1))
+@dataclass(frozen=True)
+class LookupSizes:
+    """``prompt-lookup[:[MIN-]N][xB]``: n-grams N..MIN, a tree over up to B matches."""
+
+    max_ngram: int = 3
+    min_ngram: int = 1
+    branches: int = 1
+
+
+class PromptLookupKind(DraftKind):
+    """``prompt-lookup``, ``prompt-lookup:N`` (n-grams N..1), ``prompt-lookup:MIN-N`` (n-grams N..MIN: no match
+    shorter than MIN, which leaves such steps to the next part of a composite), and either with ``xB``: a tree over
+    up to B matches."""
+
+    name = "prompt-lookup"
+    usage = "prompt-lookup[:[MIN-]N][xB]"
+    summary = "n-gram lookup in the prompt and output (no model; prompt-lookup:N for the longest n-gram)"
+
+    def parse(self, arg: str | None) -> LookupSizes:
+        if arg in (None, ""):
+            return LookupSizes()
+        sizes, _, branches = arg.partition("x")
+        low, _, high = sizes.rpartition("-")
+        if not high.isdigit() or not (low.isdigit() or low == "") or not (branches.isdigit() or branches == ""):
+            raise SpecdecError(f"bad prompt-lookup size {arg!r}: use prompt-lookup:N or prompt-lookup:MIN-N with "
+                               "1 <= MIN <= N, e.g. prompt-lookup:3 or prompt-lookup:2-3, and xB for a tree over up "
+                               "to B matches, e.g. prompt-lookup:3x4")
+        value = LookupSizes(int(high), int(low or 1), int(branches or 1))
+        PromptLookupDrafter(value.max_ngram, value.min_ngram, value.branches)  # the ranges' one-line error
+        return value
+
+    def build(self, value: LookupSizes, target: Target | None) -> PromptLookupDrafter:
+        return PromptLookupDrafter(value.max_ngram, value.min_ngram, value.branches)
+
+    def canonical(self, value: LookupSizes, written: str) -> str:
+        return self.build(value, None).name
+
+    def candidates(self, target_layers: int) -> tuple[Candidate, ...]:
+        return (Candidate("prompt-lookup", (2, 4, 8)),)
+
+    def vllm_config(self, value: LookupSizes, num_draft_tokens: int, written: str) -> dict:
+        if value.branches > 1:
+            raise SpecdecError(f"vLLM's n-gram lookup drafts chains, not lookup trees ({written}): serve "
+                               f"{self.canonical(replace(value, branches=1), written)}")
+        return {"method": "ngram", "num_speculative_tokens": num_draft_tokens,
+                "prompt_lookup_max": value.max_ngram, "prompt_lookup_min": value.min_ngram}
+
+
+KIND = PromptLookupKind()

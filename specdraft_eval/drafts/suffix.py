@@ -17,6 +17,7 @@ import os
 from collections import deque
 from pathlib import Path
 
+from specdraft_eval.drafts.kind import Candidate, DraftKind
 from specdraft_eval.drafts.ngram import load_continuations
 from specdraft_eval.engine.drafter import DrafterBase, Proposal
 from specdraft_eval.engine.sampling import Sampler
@@ -165,20 +166,41 @@ def _depth(parents: list[int], node: int) -> int:
     return depth
 
 
-def build(arg: str | None, target: Target) -> SuffixDrafter:
-    """Entry point for ``suffix`` (the request's text and the run's earlier outputs), ``suffix:local`` (the
-    request's text only) and ``suffix:DIR`` (also the target's own continuations an n-gram draft directory of
-    ``zoo ngram`` holds, as earlier outputs from the start)."""
-    if arg in (None, "", "local"):
-        return SuffixDrafter(None if arg == "local" else Corpus(), "suffix" + (":local" if arg else ""))
-    if not Path(os.path.expanduser(arg)).is_dir():
-        raise SpecdecError(f"bad suffix option {arg!r}: use draft=suffix (the request's text and the run's earlier "
-                           "outputs), draft=suffix:local (the request's text only) or draft=suffix:DIR (a directory "
-                           "`zoo ngram` built: its continuations as earlier outputs)")
-    corpus = Corpus()
-    for sequence in load_continuations(Path(os.path.expanduser(arg)), target.tokenizer):
-        corpus.add(sequence)
-    return SuffixDrafter(corpus, f"suffix:{arg}")
+class SuffixKind(DraftKind):
+    """``suffix`` (the request's text and the run's earlier outputs), ``suffix:local`` (the request's text only) and
+    ``suffix:DIR`` (also the target's own continuations an n-gram draft directory of ``zoo ngram`` holds, as
+    earlier outputs from the start). The value is None, ``"local"`` or DIR."""
+
+    name = "suffix"
+    usage = "suffix[:local|:DIR]"
+    summary = "suffix-tree lookup in the request and earlier outputs, a token tree (no model)"
+
+    def parse(self, arg: str | None) -> str | None:
+        return arg or None
+
+    def build(self, value: str | None, target: Target) -> SuffixDrafter:
+        if value in (None, "local"):
+            return SuffixDrafter(None if value == "local" else Corpus(), "suffix" + (":local" if value else ""))
+        if not Path(os.path.expanduser(value)).is_dir():
+            raise SpecdecError(f"bad suffix option {value!r}: use draft=suffix (the request's text and the run's "
+                               "earlier outputs), draft=suffix:local (the request's text only) or draft=suffix:DIR "
+                               "(a directory `zoo ngram` built: its continuations as earlier outputs)")
+        corpus = Corpus()
+        for sequence in load_continuations(Path(os.path.expanduser(value)), target.tokenizer):
+            corpus.add(sequence)
+        return SuffixDrafter(corpus, f"suffix:{value}")
+
+    def path(self, value: str | None) -> str | None:
+        return None if value in (None, "local") else value  # suffix:DIR reads a directory
+
+    def candidates(self, target_layers: int) -> tuple[Candidate, ...]:
+        return (Candidate("suffix", (8, 16)),)
+
+    def vllm_config(self, value: str | None, num_draft_tokens: int, written: str) -> dict:
+        config = {"method": "suffix", "num_speculative_tokens": num_draft_tokens,
+                  "suffix_decoding_max_tree_depth": MAX_MATCH, "suffix_decoding_max_spec_factor": 1.0,
+                  "suffix_decoding_min_token_prob": MIN_PROB}
+        return config | ({"suffix_decoding_max_cached_requests": 0} if value == "local" else {})
 
 
-build.path_of = lambda arg: None if arg in (None, "", "local") else arg  # suffix:DIR reads a directory
+KIND = SuffixKind()
