@@ -9,17 +9,16 @@ def test_stop_check_decodes_only_the_tail_and_fires_as_a_full_decode_would():
 
     from conftest import word_tokenizer
 
-    from specdraft_eval.integration.lm_eval_model import SpecDecLM
+    from specdraft_eval.engine.params import text_stop
 
     words = ["<unk>", "</s>", *[f"w{i}" for i in range(20)]]
     tokenizer = word_tokenizer(words)
     decoded = []
-    spy = SimpleNamespace(tokenizer=SimpleNamespace(decode=lambda ids, **kw: decoded.append(len(ids)) or
-                                                    tokenizer.decode(ids, **kw)))
+    spy = SimpleNamespace(decode=lambda ids, **kw: decoded.append(len(ids)) or tokenizer.decode(ids, **kw))
     stops = ["w3 w4", "w9"]
     sequence = [7, 8, 9, 5, 7, 5, 6, 10, 4]  # "w5 w6 w7 w3 w5 w3 w4 w8 w2": "w3 w4" completes at the 7th token
     for step in (1, 2, 3):  # tokens arrive 1, 2 or 3 at a time, as speculative steps emit them
-        check, decoded[:] = SpecDecLM._stop_check(spy, stops), []
+        check, decoded[:] = text_stop(spy, stops), []
         lengths = [*range(step, len(sequence), step), len(sequence)]
         fired, kept = next((n, k) for n in lengths if (k := check(sequence[:n])) is not None)  # ends at the first
         assert fired == next(n for n in lengths if any(s in tokenizer.decode(sequence[:n]) for s in stops)) >= 7
@@ -33,15 +32,15 @@ def test_the_baseline_runs_first_every_other_batch(tmp_path, monkeypatch):
     import torch
     from conftest import save_tiny
 
-    from specdraft_eval.integration import lm_eval_model
+    from specdraft_eval.engine import session
     from specdraft_eval.integration.lm_eval_model import SpecDecLM
 
     model = SpecDecLM(pretrained=str(save_tiny(tmp_path / "tiny")), draft="prompt-lookup", baseline=True,
                       device="cpu")
     order = []
     for name in ("speculative_generate_batch", "autoregressive_generate_batch"):
-        real = getattr(lm_eval_model, name)
-        monkeypatch.setattr(lm_eval_model, name, lambda *a, _real=real, _name=name, **k: order.append(_name[0])
+        real = getattr(session, name)
+        monkeypatch.setattr(session, name, lambda *a, _real=real, _name=name, **k: order.append(_name[0])
                             or _real(*a, **k))
     model._contexts = ["w1 w2", "w3"]
     context = torch.tensor([[5, 6, 7], [0, 8, 9]])

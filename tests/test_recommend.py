@@ -93,6 +93,7 @@ def test_zoo_recommend_cli(results, tmp_path):
 
 def test_lm_eval_model_resolves_auto(tmp_path, monkeypatch):
     """draft=auto takes the recommendation's draft, γ and dynamic γ; explicit model_args win."""
+    from specdraft_eval.engine.params import GammaPolicy
     from specdraft_eval.integration import lm_eval_model, recommend
     from specdraft_eval.integration.recommend import Recommendation
 
@@ -101,12 +102,13 @@ def test_lm_eval_model_resolves_auto(tmp_path, monkeypatch):
     monkeypatch.setattr(recommend, "recommend", lambda target, hardware, runtime: asked.append(
         (target, hardware, runtime)) or Recommendation(target, None, "layers:0", 2, True, "test"))
     lm = lm_eval_model.SpecDecLM(pretrained=str(tiny), draft="auto", device="cpu", kernels="plain", static_cache=True)
-    assert (lm._drafter.name, lm.num_draft_tokens, lm.dynamic_gamma) == ("layers:0", 2, True)
+    gamma = lm.session.run.gamma
+    assert (lm.session.drafter.name, gamma.num_draft_tokens, gamma.dynamic) == ("layers:0", 2, True)
     # looked up by the target's name on the hardware it runs on, with the runtime it runs
     assert asked == [(str(tiny), hardware("cpu"), Runtime("float32", "plain", True, False, "sdpa"))]
     lm = lm_eval_model.SpecDecLM(pretrained=str(tiny), draft="auto", num_draft_tokens=5, dynamic_gamma="false",
                                  device="cpu")
-    assert (lm.num_draft_tokens, lm.dynamic_gamma) == (5, False)
+    assert lm.session.run.gamma == GammaPolicy(5, False)
 
 
 

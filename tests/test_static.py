@@ -255,5 +255,5 @@ def test_an_lm_eval_run_compiles_in_its_warm_up_only_and_records_it(tmp_path, dy
         if compile == "true":
             assert block["recompiles"] == 0 and block["compile_seconds"] > 0
             assert block["runtime"]["compile"] is True and block["runtime"]["kernels"] == "plain"
-            assert lm._capacity >= max(len(lm.tok_encode(c)) for c in contexts) + 24
+            assert lm.session.run.capacity >= max(len(lm.tok_encode(c)) for c in contexts) + 24
     assert len(set(map(tuple, outputs.values()))) == 1

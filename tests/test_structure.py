@@ -131,13 +131,21 @@ def test_engine_entry_points_take_at_most_four_positional_parameters():
         assert len(positional) <= 4, fn.__name__
 
 
-def test_decode_params_one_line_errors():
+def test_request_and_run_settings_one_line_errors_and_keywords():
+    from specdraft_eval.engine.params import GammaPolicy, RunSettings
+
     with pytest.raises(SpecdecError, match="num_draft_tokens must be an integer >= 1"):
-        DecodeParams(8, num_draft_tokens=0)
+        GammaPolicy(0)
     with pytest.raises(SpecdecError, match="top_p must be in"):
         DecodeParams(8, top_p=0.0)
-    params = DecodeParams(8, num_draft_tokens=3)
-    assert DecodeParams.of(params) is params and DecodeParams.of(8, num_draft_tokens=3) == params
+    with pytest.raises(SpecdecError, match="a run takes num_draft_tokens"):
+        DecodeParams.of(8, gamma=3)
+    params = DecodeParams(8, seed=3)
+    assert DecodeParams.of(params) is params and DecodeParams.of(8, seed=3) == params
+    settings = {"num_draft_tokens": 3, "dynamic_gamma": True, "compile": True, "seed": 3}
+    run = RunSettings.of(None, settings)  # the run's keywords taken out, the request's left
+    assert run == RunSettings(GammaPolicy(3, True), static_cache=True, compile=True) and settings == {"seed": 3}
+    assert run.gamma.largest == 12 and GammaPolicy(3).largest == 3
 
 
 @pytest.mark.parametrize("text, kind, arg, parts", [

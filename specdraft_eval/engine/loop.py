@@ -17,7 +17,7 @@ from specdraft_eval.engine import graphs
 from specdraft_eval.engine.drafter import Drafter, DrafterBase, Proposal
 from specdraft_eval.engine.gamma import GammaController
 from specdraft_eval.engine.kv_cache import BatchCache
-from specdraft_eval.engine.params import DecodeParams, StopCheck
+from specdraft_eval.engine.params import DecodeParams, FixedGamma, GammaPolicy, RunSettings, StopCheck, row_positions
 from specdraft_eval.engine.sampling import Sampler
 from specdraft_eval.engine.taps import FeatureTap
 from specdraft_eval.engine.verify import verify_step
@@ -111,7 +111,7 @@ class _Row:
     behind: bool = True  # its draft has not read every token but the last: before its first draft, after γ = 0
 
 
-def _steps(target, cache: BatchCache, rows: list[_Row], params: DecodeParams, controller: GammaController | None,
+def _steps(target, cache: BatchCache, rows: list[_Row], params: DecodeParams, controller: GammaController | FixedGamma,
            tap: FeatureTap | None) -> tuple[list[_Row], GenerationStats]:
     """Draft per row, verify all rows in one target pass, hand each row's draft the target's features of what it
     kept, until every row has finished. Returns the finished rows and the batch's draft, draft prefill (a draft
@@ -122,7 +122,7 @@ def _steps(target, cache: BatchCache, rows: list[_Row], params: DecodeParams, co
     started = clock(device)
     while rows:
         t0 = clock(device)
-        gamma = controller.gamma if controller else params.num_draft_tokens
+        gamma = controller.gamma
         proposals, catching_up = [], 0.0
         for row in rows:
             budget = min(gamma, max_new_tokens - len(row.new) - 1)
@@ -155,8 +155,7 @@ def _steps(target, cache: BatchCache, rows: list[_Row], params: DecodeParams, co
             row.stats.verify_seconds += t2 - t1  # the pass it waited for
             if features is not None:  # the root's and the accepted path's
                 row.drafter.observe(features[position, [0, *(1 + node for node in path)]])
-            if controller:
-                controller.update(len(proposal.tokens), len(path), drafting / len(rows), (t2 - t1) / len(rows))
+            controller.update(len(proposal.tokens), len(path), drafting / len(rows), (t2 - t1) / len(rows))
             if done:
                 row.stats.decode_seconds = t2 - started  # until its last pass: no clock read (a GPU sync) per row
                 finished.append(row)
@@ -169,24 +168,24 @@ def _steps(target, cache: BatchCache, rows: list[_Row], params: DecodeParams, co
     return finished, clocked
 
 
-def _decode(target, draft: Drafter, prompts: list[list[int]], params: DecodeParams, *, stops: list[StopCheck | None],
-            controller: GammaController | None) -> tuple[list[list[int]], GenerationStats]:
+def _decode(target, draft: Drafter, prompts: list[list[int]], params: DecodeParams, run: RunSettings, *,
+            stops: list[StopCheck | None], controller: GammaController | FixedGamma
+            ) -> tuple[list[list[int]], GenerationStats]:
     """The loop every generation runs: prefill all rows, then draft per row, verify all rows in one target pass,
     and let rows leave as they finish. Returns each row's new tokens and the batch's stats (counters summed over
     rows, times once for the batch)."""
-    device, max_new_tokens = target.device, params.max_new_tokens
-    largest_gamma = controller.max_gamma if controller else params.num_draft_tokens
-    longest = max(map(len, prompts)) + max_new_tokens + largest_gamma  # the most positions a row can hold
+    device = target.device
+    longest = row_positions(max(map(len, prompts)), params.max_new_tokens, controller.max_gamma)
     start = clock(device)
     static = None
-    if params.static_cache:  # one shape for the run: the target's runtime, grown only when a request needs more
-        static = graphs.runtime(target, max(longest + 1, params.capacity or 0), params.compile)
+    if run.static_cache:  # one shape for the run: the target's runtime, grown only when a request needs more
+        static = graphs.runtime(target, max(longest, run.capacity or 0) + 1, run.compile)
     tap = FeatureTap(target, draft.taps) if draft.taps else None
     try:
         cache = prefill(target, prompts, static.cache(len(prompts)) if static else None)
         cache.always_masked |= static is not None and draft.drafts_trees  # a tree's path leaves holes: one input form
         prefilled = tap.take() if tap else None  # [rows, longest prompt - 1, features]
-        warm_up = (static.warm_up(cache, range(1, largest_gamma + 2), draft.drafts_trees)  # before any timed step
+        warm_up = (static.warm_up(cache, range(1, controller.max_gamma + 2), draft.drafts_trees)  # before any timed step
                    if static else 0.0)
         if tap:
             tap.take()  # the warm-up's features: nobody's
@@ -196,7 +195,7 @@ def _decode(target, draft: Drafter, prompts: list[list[int]], params: DecodePara
         rows = [_Row(i, prompt, draft.fork() if len(prompts) > 1 else draft, params.sampler(device), stop)
                 for i, (prompt, stop) in enumerate(zip(prompts, stops, strict=True))]
         for row in rows:
-            row.drafter.reset(longest if params.static_cache else None)
+            row.drafter.reset(longest if run.static_cache else None)
             row.stats = GenerationStats(generations=1, prompt_tokens=len(row.prompt))
             if prefilled is not None:
                 row.drafter.observe(prefilled[row.index, : len(row.prompt) - 1])
@@ -220,14 +219,16 @@ def _decode(target, draft: Drafter, prompts: list[list[int]], params: DecodePara
 
 @torch.inference_mode()
 def speculative_generate_batch(target, draft: Drafter, prompts: Sequence, params: DecodeParams | int | None = None, *,
-                               stops: Sequence[StopCheck | None] | None = None,
+                               run: RunSettings | None = None, stops: Sequence[StopCheck | None] | None = None,
                                gamma_controller: GammaController | None = None,
                                **settings) -> tuple[list[list[int]], GenerationStats]:
     """:func:`speculative_generate` for several prompts at once: one target pass verifies every row's draft, rows
     accept different numbers of tokens and leave when they finish (EOS, budget or their own ``stops`` check).
     Each row drafts with its own copy of ``draft``'s state and samples with its own generator seeded with
     ``params.seed``, so each row's output is what :func:`speculative_generate` gives for it alone (greedy: token
-    for token). Returns each row's new tokens and the batch's stats (counters summed over rows, wall times once)."""
+    for token). Returns each row's new tokens and the batch's stats (counters summed over rows, wall times once).
+    ``settings``: the request's fields and the run's (:meth:`RunSettings.of`) as keywords."""
+    run = RunSettings.of(run, settings)
     params = DecodeParams.of(params, **settings)
     if not prompts:
         return [], GenerationStats()
@@ -235,35 +236,35 @@ def speculative_generate_batch(target, draft: Drafter, prompts: Sequence, params
     if params.max_new_tokens == 0:
         alone = [GenerationStats(generations=1, prompt_tokens=len(c)) for c in checked]
         return [[] for _ in prompts], sum(alone, GenerationStats(per_request=alone))
-    controller = gamma_controller or (GammaController.around(params.num_draft_tokens) if params.dynamic_gamma else None)
-    return _decode(target, draft, checked, params, stops=list(stops) if stops is not None else [None] * len(prompts),
-                   controller=controller)
+    return _decode(target, draft, checked, params, run, controller=gamma_controller or run.gamma.controller(), stops=list(stops) if stops is not None else [None] * len(prompts),
+                   )
 
 
 def speculative_generate(target, draft: Drafter, input_ids, params: DecodeParams | int | None = None, *,
-                         stop: StopCheck | None = None, gamma_controller: GammaController | None = None,
-                         **settings) -> tuple[list[int], GenerationStats]:
+                         run: RunSettings | None = None, stop: StopCheck | None = None,
+                         gamma_controller: GammaController | None = None, **settings) -> tuple[list[int], GenerationStats]:
     """Generate up to ``max_new_tokens`` tokens after ``input_ids`` with ``target``, drafting with ``draft``.
 
-    ``params`` is a :class:`DecodeParams`, or the token budget with its other fields as keywords
-    (``speculative_generate(target, draft, ids, 64, num_draft_tokens=4)``). Returns the new token ids (ending at
+    ``params`` is a :class:`DecodeParams`, or the token budget with its other fields as keywords, beside the run's
+    :class:`RunSettings` or its fields as keywords (``speculative_generate(target, draft, ids, 64, num_draft_tokens=4)``). Returns the new token ids (ending at
     EOS if one was produced) and the run's :class:`GenerationStats`. ``dynamic_gamma`` lets
     :class:`~specdraft_eval.engine.gamma.GammaController` choose γ each step (0 to 4×``num_draft_tokens``) from this
     generation's measured latencies and acceptance; pass the same ``gamma_controller`` to every generation of a
     run to let it learn from all of them (implies dynamic γ).
     """
-    outputs, stats = speculative_generate_batch(target, draft, [_prompt_list(input_ids)], params, stops=[stop],
-                                                 gamma_controller=gamma_controller, **settings)
+    outputs, stats = speculative_generate_batch(target, draft, [_prompt_list(input_ids)], params, run=run,
+                                                 stops=[stop], gamma_controller=gamma_controller, **settings)
     return outputs[0], stats
 
 
 def autoregressive_generate_batch(target, prompts: Sequence, params: DecodeParams | int | None = None, *,
-                                  stops: Sequence[StopCheck | None] | None = None,
+                                  run: RunSettings | None = None, stops: Sequence[StopCheck | None] | None = None,
                                   **settings) -> tuple[list[list[int]], GenerationStats]:
     """Plain token-by-token decoding of several prompts through the same loop, cache and timing path (the speedup
     baseline): the speculative loop with a draft that proposes nothing. Stats hold baseline tokens and seconds."""
-    params = replace(DecodeParams.of(params, **settings), num_draft_tokens=1, dynamic_gamma=False)
-    outputs, stats = speculative_generate_batch(target, NoDraft(), prompts, params, stops=stops)
+    run = replace(RunSettings.of(run, settings), gamma=GammaPolicy(1))
+    outputs, stats = speculative_generate_batch(target, NoDraft(), prompts, DecodeParams.of(params, **settings), run=run,
+                                                stops=stops)
     return outputs, GenerationStats(baseline_tokens=stats.generated_tokens, baseline_seconds=stats.decode_seconds,
                                     compile_seconds=stats.compile_seconds, recompiles=stats.recompiles,
                                     per_request=[GenerationStats(baseline_tokens=r.generated_tokens,
@@ -272,9 +273,11 @@ def autoregressive_generate_batch(target, prompts: Sequence, params: DecodeParam
 
 
 def autoregressive_generate(target, input_ids, params: DecodeParams | int | None = None, *,
-                            stop: StopCheck | None = None, **settings) -> tuple[list[int], GenerationStats]:
+                            run: RunSettings | None = None, stop: StopCheck | None = None,
+                            **settings) -> tuple[list[int], GenerationStats]:
     """Plain token-by-token decoding of one prompt (:func:`autoregressive_generate_batch` with one row)."""
-    outputs, stats = autoregressive_generate_batch(target, [_prompt_list(input_ids)], params, stops=[stop], **settings)
+    outputs, stats = autoregressive_generate_batch(target, [_prompt_list(input_ids)], params, run=run, stops=[stop],
+                                                   **settings)
     return outputs[0], stats
 
 

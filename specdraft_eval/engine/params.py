@@ -1,12 +1,14 @@
-"""One generation request's settings (:class:`DecodeParams`) and the per-row stop check."""
+"""A request's settings (:class:`DecodeParams`: budget, sampling, seed, EOS) apart from a run's (:class:`RunSettings`:
+γ policy, static cache, compiled steps, capacity), and the per-row stop check."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import torch
 
+from specdraft_eval.engine.gamma import GammaController
 from specdraft_eval.engine.sampling import Sampler, make_generator
 from specdraft_eval.errors import SpecdecError
 
@@ -25,35 +27,114 @@ def first_stop(new: list[int], checked: int, hit: Callable[[int], bool]) -> int 
     return next(end for end in range(checked + 1, len(new) + 1) if hit(end))
 
 
+def text_stop(tokenizer, stop: list[str] | None) -> StopCheck | None:
+    """A :data:`StopCheck` for stop strings (lm-eval's ``until``): how many tokens to keep, the one that completes a
+    stop string last (as plain decoding stops on it). It decodes only the tokens that can hold a new match: those
+    since the last call, plus a margin of one token per character of the longest stop string. One check serves one
+    generation; None without stop strings."""
+    stops = [s for s in stop or [] if s]
+    if not stops:
+        return None
+    margin = max(len(s) for s in stops) + 1
+    checked = [0]  # tokens seen by earlier calls
+
+    def check(new: list[int]) -> int | None:
+        start, seen = max(0, checked[0] - margin), checked[0]
+        checked[0] = len(new)
+
+        def hit(end: int) -> bool:
+            text = tokenizer.decode(new[start:end], skip_special_tokens=False)
+            return any(s in text for s in stops)
+
+        return first_stop(new, seen, hit)
+
+    return check
+
+
+class FixedGamma:
+    """γ that never changes: :class:`~specdraft_eval.engine.gamma.GammaController`'s interface for a fixed γ."""
+
+    def __init__(self, gamma: int) -> None:
+        self.gamma = self.max_gamma = gamma
+
+    def update(self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
+        """Nothing to learn."""
+
+
+@dataclass(frozen=True)
+class GammaPolicy:
+    """γ for every step: ``num_draft_tokens`` (a chain's length, a tree's node budget), or ``dynamic``: chosen each
+    step by a :class:`~specdraft_eval.engine.gamma.GammaController` between 0 and 4×``num_draft_tokens``."""
+
+    num_draft_tokens: int = 4
+    dynamic: bool = False
+
+    def __post_init__(self) -> None:
+        gamma = self.num_draft_tokens
+        if not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 1:
+            raise SpecdecError(f"num_draft_tokens must be an integer >= 1 (got {gamma!r})")
+
+    def controller(self) -> GammaController | FixedGamma:
+        """What chooses each step's γ (a dynamic one learns: share it across a run's requests)."""
+        return GammaController.around(self.num_draft_tokens) if self.dynamic else FixedGamma(self.num_draft_tokens)
+
+    @property
+    def largest(self) -> int:
+        """The widest step's draft tokens."""
+        return self.controller().max_gamma
+
+
+def row_positions(prompt_tokens: int, max_new_tokens: int, largest_gamma: int) -> int:
+    """The most KV cache positions one row can fill: its prompt, its budget and the widest step's draft tokens."""
+    return prompt_tokens + max_new_tokens + largest_gamma
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """A run's engine settings, the same for every request of it: γ, the target's and model drafts' KV caches
+    preallocated (``static_cache``: :mod:`~specdraft_eval.engine.graphs`), the target's steps compiled (``compile``:
+    CUDA graphs on a GPU; implies ``static_cache``) and the positions a static cache holds at least (``capacity``:
+    the run's longest row, :func:`row_positions`, so that every request shares one shape; None: each its own)."""
+
+    gamma: GammaPolicy = GammaPolicy()
+    static_cache: bool = False
+    compile: bool = False
+    capacity: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.compile:
+            object.__setattr__(self, "static_cache", True)  # compiled steps need fixed tensor addresses
+        if self.capacity is not None and (not isinstance(self.capacity, int) or self.capacity < 1):
+            raise SpecdecError(f"capacity must be a positive integer (got {self.capacity!r})")
+
+    @classmethod
+    def of(cls, run: RunSettings | None, settings: dict) -> RunSettings:
+        """``run`` (default: the defaults) with the run-level keywords among ``settings`` taken out and applied:
+        ``num_draft_tokens``, ``dynamic_gamma``, ``static_cache``, ``compile``, ``capacity``."""
+        run = run or cls()
+        gamma = {name: settings.pop(key) for key, name in (("num_draft_tokens", "num_draft_tokens"),
+                                                          ("dynamic_gamma", "dynamic")) if key in settings}
+        fields = {key: settings.pop(key) for key in ("static_cache", "compile", "capacity") if key in settings}
+        if gamma:
+            fields["gamma"] = replace(run.gamma, **gamma)
+        return replace(run, **fields) if fields else run
+
+
 @dataclass(frozen=True)
 class DecodeParams:
-    """One generation request's settings, as transformers' ``GenerationConfig`` or vLLM's ``SamplingParams``:
-    the token budget, γ (or dynamic γ), sampling, the seed and EOS. Every engine entry point takes it after
-    ``(target, draft, prompts)``; per-row stop checks and a shared γ controller are keyword arguments beside it."""
+    """One generation request's settings, as vLLM's ``SamplingParams``: the token budget, sampling, the seed and EOS.
+    Every engine entry point takes it after ``(target, draft, prompts)``; the run's :class:`RunSettings`, per-row
+    stop checks and a shared γ controller are keyword arguments beside it."""
 
     max_new_tokens: int
-    num_draft_tokens: int = 4
-    dynamic_gamma: bool = False
     do_sample: bool = False
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
     seed: int | None = None
     eos_token_id: int | Sequence[int] | None = None
-    static_cache: bool = False  # the target's and model drafts' KV caches preallocated (engine.graphs)
-    compile: bool = False  # the target's decode and verification steps compiled (CUDA graphs on a GPU); implies
-    # static_cache, which __post_init__ sets
-    capacity: int | None = None  # static cache positions to allocate at least: a run's longest request, so that
-    # every request of the run shares one shape (None: this request's own)
 
     def __post_init__(self) -> None:
-        if self.compile:
-            object.__setattr__(self, "static_cache", True)  # compiled steps need fixed tensor addresses
-        gamma = self.num_draft_tokens
-        if not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 1:
-            raise SpecdecError(f"num_draft_tokens must be an integer >= 1 (got {gamma!r})")
-        if self.capacity is not None and (not isinstance(self.capacity, int) or self.capacity < 1):
-            raise SpecdecError(f"capacity must be a positive integer (got {self.capacity!r})")
         if self.max_new_tokens < 0:
             raise SpecdecError(f"max_new_tokens must be >= 0 (got {self.max_new_tokens})")
         Sampler(self.do_sample, self.temperature, self.top_k, self.top_p)  # one-line errors for bad sampling
@@ -62,6 +143,11 @@ class DecodeParams:
     def of(cls, params: DecodeParams | int | None, **settings) -> DecodeParams:
         """``params`` itself (with ``settings`` replaced), or the request that the token budget and ``settings``
         (fields as keywords, ``max_new_tokens`` among them when no budget is given) name."""
+        unknown = set(settings) - {f.name for f in fields(cls)}
+        if unknown:
+            raise SpecdecError(f"unknown generation settings {sorted(unknown)}: a request takes "
+                               f"{', '.join(f.name for f in fields(cls))}; a run takes num_draft_tokens, dynamic_gamma, "
+                               "static_cache, compile and capacity")
         if isinstance(params, DecodeParams):
             return replace(params, **settings) if settings else params
         return cls(**settings) if params is None else cls(params, **settings)

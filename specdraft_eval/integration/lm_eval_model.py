@@ -1,20 +1,20 @@
 """``lm_eval --model specdec``: lm-eval's HF model with generation through speculative decoding.
 
-Everything but generation (tokenisation, chat templates, batching, truncation, loglikelihood) is
-lm-eval's own ``HFLM``; only ``_model_generate`` is replaced: each batch lm-eval forms (``--batch_size N`` or
-``auto``) is one batched speculative generation in the engine.
+Everything but generation (tokenisation, chat templates, batching, truncation, loglikelihood) is lm-eval's own
+``HFLM``; only ``_model_generate`` is replaced: each batch lm-eval forms (``--batch_size N`` or ``auto``) is one
+batch of an engine :class:`~specdraft_eval.engine.session.Session` (speculative, the baseline, the divergence check,
+figures per task). model_args are parsed once (:mod:`~specdraft_eval.integration.model_args`).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import sys
 import threading
 from collections import Counter, defaultdict
 from dataclasses import replace
-from functools import reduce
+from functools import partial, reduce
 
 import torch
 from lm_eval.api.registry import register_model
@@ -23,39 +23,24 @@ from lm_eval.models.huggingface import HFLM
 from specdraft_eval.drafts import load_draft
 from specdraft_eval.drafts.model import ModelDrafter
 from specdraft_eval.drafts.spec import AUTO, DraftSpec
-from specdraft_eval.engine.gamma import GammaController
-from specdraft_eval.engine.loop import (
-    autoregressive_generate_batch,
-    divergence,
-    speculative_generate_batch,
-)
-from specdraft_eval.engine.params import DecodeParams, StopCheck, first_stop
+from specdraft_eval.engine.params import DecodeParams, row_positions, text_stop
+from specdraft_eval.engine.session import Session
 from specdraft_eval.errors import SpecdecError, one_line, raise_terminated
+from specdraft_eval.integration.model_args import SpecdecArgs, hf_arguments
 from specdraft_eval.integration.recommend import resolve_auto
 from specdraft_eval.measure.environment import ModelFacts
 from specdraft_eval.measure.profiles import default_profile_path, read_profile
 from specdraft_eval.measure.record import SpecdecRecord
 from specdraft_eval.measure.report import table
-from specdraft_eval.measure.stats import Divergence, GenerationStats
 from specdraft_eval.models import kernels as kernel_paths
 from specdraft_eval.models.sharding import ranks_agree
-from specdraft_eval.models.targets import (
-    ALIASES,
-    DEFAULT_TARGET,
-    LoadSettings,
-    Target,
-    local_dir,
-    resolve,
-    runtime_of,
-)
+from specdraft_eval.models.targets import DEFAULT_TARGET, LoadSettings, Target, runtime_of
 
 log = logging.getLogger(__name__)
 GENERATION_KEYS = {"do_sample", "temperature", "top_k", "top_p"}
-SCORED = ("target", "draft")
-"""Which model scores log-likelihood requests (``score=``)."""
 
 
-def _excepthook(exc_type, exc, tb, _previous=sys.excepthook) -> None:
+def _excepthook(exc_type, exc, tb, previous=sys.__excepthook__) -> None:
     """Uncaught SpecdecError: one line on stderr, exit code 1, no traceback; Ctrl-C or SIGTERM: one line too
     (lm-eval writes its results file only at the end, so an interrupted run leaves none)."""
     if issubclass(exc_type, SpecdecError):
@@ -63,28 +48,15 @@ def _excepthook(exc_type, exc, tb, _previous=sys.excepthook) -> None:
     elif issubclass(exc_type, KeyboardInterrupt):
         print("specdec: interrupted; no results file was written: rerun the command", file=sys.stderr)
     else:
-        _previous(exc_type, exc, tb)
+        previous(exc_type, exc, tb)
 
 
-sys.excepthook = _excepthook
-
-
-def _as_bool(name: str, value) -> bool:
-    if isinstance(value, bool):
-        return value
-    if str(value).lower() in {"true", "1", "yes"}:
-        return True
-    if str(value).lower() in {"false", "0", "no"}:
-        return False
-    raise SpecdecError(f"model_args {name}={value!r} is not a boolean: use {name}=true or {name}=false")
-
-
-def _as_positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) and not str(value).isdigit():
-        raise SpecdecError(f"model_args {name}={value!r} is not an integer: use e.g. {name}=4")
-    if int(value) < 1:
-        raise SpecdecError(f"model_args {name}={value} must be >= 1")
-    return int(value)
+def _install_handlers() -> None:
+    """When a specdec model is made (never at import): one-line errors, and SIGTERM unwinding like Ctrl-C."""
+    if getattr(sys.excepthook, "func", None) is not _excepthook:
+        sys.excepthook = partial(_excepthook, previous=sys.excepthook)
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, raise_terminated)  # unwind like Ctrl-C, through every finally
 
 
 @register_model("specdec")
@@ -102,59 +74,13 @@ class SpecDecLM(HFLM):
     plus what ``hf`` takes.
     """
 
-    def __init__(
-        self,
-        pretrained: str = DEFAULT_TARGET,
-        draft: str = "prompt-lookup",
-        num_draft_tokens: int | None = None,
-        dynamic_gamma: bool | None = None,
-        baseline: bool = False,
-        seed: int | None = None,
-        device: str | None = None,
-        kernels: str | None = None,
-        use_kernels: bool = False,
-        static_cache: bool = False,
-        compile: bool = False,
-        score: str = "target",
-        **kwargs,
-    ) -> None:
-        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-            signal.signal(signal.SIGTERM, raise_terminated)  # unwind like Ctrl-C, through every finally
-        self.baseline = _as_bool("baseline", baseline)
-        self.use_kernels = _as_bool("use_kernels", use_kernels)  # transformers' hub kernels: off, so offline works
-        self.compile = _as_bool("compile", compile)  # CUDA graphs / compiled steps, over a static cache
-        self.static_cache = _as_bool("static_cache", static_cache) or self.compile
-        self.seed = None if seed is None else int(seed)
-        if score not in SCORED:
-            raise SpecdecError(f"model_args score={score!r}: use score=target or score=draft")
-        self.score = score
-        kernels = kernel_paths.choose(kernels, self.compile)
-        self.target_name = pretrained if isinstance(pretrained, str) else type(pretrained).__name__
-        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        # checked before the model loads; None: the default, or what draft=auto resolves to
-        num_draft_tokens = None if num_draft_tokens is None else _as_positive_int("num_draft_tokens", num_draft_tokens)
-        dynamic_gamma = None if dynamic_gamma is None else _as_bool("dynamic_gamma", dynamic_gamma)
-        if isinstance(pretrained, str) and "gguf_file" not in kwargs:
-            source = resolve(pretrained)
-            if pretrained in ALIASES:
-                source = local_dir(source)
-            pretrained = source.path
-            if source.gguf_file:
-                kwargs["gguf_file"] = source.gguf_file
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        if kwargs.get("tp_plan") and int(kwargs.get("tp_size") or world) != world:
-            raise SpecdecError(f"tp_size={kwargs['tp_size']} with {world} processes: data parallel across groups of "
-                               "tensor-parallel processes is not supported (lm-eval's tensor-parallel mode runs every "
-                               f"document on every process); start tp_size processes (torchrun --nproc_per_node "
-                               f"{kwargs['tp_size']}) or leave tp_size out")
-        if _as_bool("parallelize", kwargs.get("parallelize", False)) and not torch.cuda.is_available():
-            log.warning("parallelize=true spreads the target over GPUs (accelerate's device_map); none is visible, "
-                        "so it runs on the CPU")
-            kwargs["parallelize"] = False
-        if world > 1 and not torch.cuda.is_available():
-            os.environ.setdefault("ACCELERATE_USE_CPU", "1")  # several processes on CPUs: accelerate's gloo group
+    def __init__(self, pretrained: str = DEFAULT_TARGET, device: str | None = None, **model_args) -> None:
+        _install_handlers()
+        self.args = args = SpecdecArgs.take(model_args)
+        self.target_name, pretrained, model_args = hf_arguments(pretrained, model_args)
         try:
-            super().__init__(pretrained=pretrained, device=device, use_kernels=self.use_kernels, **kwargs)
+            super().__init__(pretrained=pretrained, device=device or ("cuda" if torch.cuda.is_available() else "cpu"),
+                             use_kernels=args.use_kernels, **model_args)
         except TypeError as exc:  # a model_arg neither we, lm-eval's hf model nor from_pretrained take
             if "unexpected keyword argument" not in str(exc):
                 raise
@@ -166,33 +92,23 @@ class SpecDecLM(HFLM):
             # `accelerate launch` on CPUs: lm-eval's hf model splits documents only across GPUs it counts, so each
             # process would run every document; split them across the processes instead
             self._rank, self._world_size = accelerator.process_index, accelerator.num_processes
-        kernel_paths.apply(self.model, kernels)  # before the draft, so that a layer view shares the packed layers
+        kernel_paths.apply(self.model, args.kernels)  # before the draft, so that a layer view shares packed layers
         target = Target(self.model, self.tokenizer, self.target_name,
-                        LoadSettings.of_model(self.model, self.use_kernels))
-        gamma, dynamic = 4, False
+                        LoadSettings.of_model(self.model, args.use_kernels))
+        draft, run = args.draft, args.run()
         if DraftSpec.parse(draft).kind == AUTO:
-            recommendation = resolve_auto(target, runtime_of(self.model, self.static_cache, self.compile))
-            draft, gamma, dynamic = (recommendation.draft, recommendation.num_draft_tokens,
-                                     recommendation.dynamic_gamma)
-            log.warning("draft=auto for %s: %s, γ %d, dynamic γ %s (%s)", self.target_name, draft, gamma, dynamic,
-                        recommendation.reason)
-        self.num_draft_tokens = gamma if num_draft_tokens is None else num_draft_tokens
-        self.dynamic_gamma = dynamic if dynamic_gamma is None else dynamic_gamma
-        self.draft_name = draft
-        self._drafter = load_draft(draft, target)
-        if self.score == "draft" and (not isinstance(self._drafter, ModelDrafter) or self._drafter.reduced_head):
+            chosen = resolve_auto(target, runtime_of(self.model, args.static_cache, args.compile))
+            draft, run = chosen.draft, args.run(chosen.num_draft_tokens, chosen.dynamic_gamma)
+            log.warning("draft=auto for %s: %s, γ %d, dynamic γ %s (%s)", self.target_name, draft,
+                        run.gamma.num_draft_tokens, run.gamma.dynamic, chosen.reason)
+        drafter = load_draft(draft, target)
+        if args.score == "draft" and (not isinstance(drafter, ModelDrafter) or drafter.reduced_head):
             raise SpecdecError(f"score=draft needs a draft that is a language model over the whole vocabulary; "
-                               f"{self._drafter.name!r} is not (prompt lookup, n-grams, composites, EAGLE heads and "
+                               f"{drafter.name!r} is not (prompt lookup, n-grams, composites, EAGLE heads and "
                                "--vocab-top heads score no text on their own): give a layer view or a draft model")
-        self._stats: dict[str, GenerationStats] = defaultdict(GenerationStats)
-        # dynamic γ learns about the draft over the whole run, not again for every request
-        self._gamma_controller = (GammaController.around(self.num_draft_tokens)
-                                  if self.dynamic_gamma else None)
-        self._mismatch_details: list[Divergence] = []
-        self._task = "default"
+        self.session = Session(self.model, drafter, run, args.baseline)
         self._merged: SpecdecRecord | None = None
-        self._capacity: int | None = None  # static cache positions for the run (generate_until sets it)
-        self._batches = 0  # generation batches so far: with baseline=true, odd ones time the baseline first
+        self._task = "default"  # the task generate_until is answering
         self._contexts: list[str] = []  # the texts of the batch HFLM is encoding (tok_batch_encode)
         self._request_figures: dict[str, list[dict]] = defaultdict(list)  # context -> its requests' figures
 
@@ -212,8 +128,9 @@ class SpecDecLM(HFLM):
             else:
                 by_task[request.task_name or "default"].append(i)
         results: list[str] = [""] * len(requests)
-        if self.static_cache and by_task:  # one cache shape for every request of the run
-            self._capacity = max(self._positions(requests[i]) for indices in by_task.values() for i in indices)
+        if self.args.static_cache and by_task:  # one cache shape for every request of the run
+            capacity = max(self._positions(requests[i]) for indices in by_task.values() for i in indices)
+            self.session.run = replace(self.session.run, capacity=capacity)
         for task, indices in by_task.items():
             self._task = task
             outputs = super().generate_until([requests[i] for i in indices], disable_tqdm)
@@ -232,61 +149,34 @@ class SpecDecLM(HFLM):
         return results
 
     def _positions(self, request) -> int:
-        """The most KV cache positions ``request`` can fill: its context as HFLM truncates it, its token budget, and
-        one verification's draft tokens."""
+        """The most KV cache positions ``request`` can fill, its context as HFLM truncates it."""
         context, gen_kwargs = request.args[0], request.args[1]
         budget = int(gen_kwargs.get("max_gen_toks", self.max_gen_toks))
-        largest = self._gamma_controller.max_gamma if self._gamma_controller else self.num_draft_tokens
-        return min(len(self.tok_encode(context)), self.max_length - budget) + budget + largest + 1
+        prompt = min(len(self.tok_encode(context)), self.max_length - budget)
+        return row_positions(prompt, budget, self.session.run.gamma.largest)
 
     def _model_generate(self, context, max_length: int, stop: list[str], **generation_kwargs) -> torch.Tensor:
         attention_mask = generation_kwargs.pop("attention_mask", None)
         unknown = set(generation_kwargs) - GENERATION_KEYS
         if unknown:
-            raise SpecdecError(
-                f"generation kwargs {sorted(unknown)} are not supported by specdec: it supports "
-                f"{sorted(GENERATION_KEYS)}, until and max_gen_toks"
-            )
+            raise SpecdecError(f"generation kwargs {sorted(unknown)} are not supported by specdec: it supports "
+                               f"{sorted(GENERATION_KEYS)}, until and max_gen_toks")
         temperature = float(generation_kwargs.get("temperature", 0.0) or 0.0)
         do_sample = bool(generation_kwargs.get("do_sample", False)) and temperature > 0
-        params = DecodeParams(
-            max_length - context.shape[1], self.num_draft_tokens, do_sample=do_sample,
-            temperature=temperature if do_sample else 1.0, top_k=int(generation_kwargs.get("top_k", 0) or 0),
-            top_p=float(generation_kwargs.get("top_p", 1.0) or 1.0), seed=self.seed, static_cache=self.static_cache,
-            compile=self.compile, capacity=self._capacity)
+        params = DecodeParams(max_length - context.shape[1], do_sample, temperature if do_sample else 1.0,
+                              int(generation_kwargs.get("top_k", 0) or 0),
+                              float(generation_kwargs.get("top_p", 1.0) or 1.0), self.args.seed)
         prompts = [(context[row] if attention_mask is None else context[row][attention_mask[row].bool()]).tolist()
                    for row in range(context.shape[0])]
-        def speculate():
-            return speculative_generate_batch(self.model, self._drafter, prompts, params,
-                                              stops=[self._stop_check(stop) for _ in prompts],
-                                              gamma_controller=self._gamma_controller)
-
-        def plain():
-            return autoregressive_generate_batch(self.model, prompts, params,
-                                                 stops=[self._stop_check(stop) for _ in prompts])
-
-        self._batches += 1
-        if self.baseline and self._batches % 2 == 0:  # the baseline first every other batch: neither side always
-            (references, base_stats), (outputs, stats) = plain(), speculate()  # runs on a warmer machine
-        else:
-            (outputs, stats) = speculate()
-            references, base_stats = plain() if self.baseline else (None, None)
-        ranks_agree(self.model, outputs, f"a {self._task} request")
+        batch = self.session.generate(prompts, params, lambda: [text_stop(self.tokenizer, stop) for _ in prompts],
+                                      self._task)
+        ranks_agree(self.model, batch.outputs, f"a {self._task} request")
+        for where in batch.divergences:
+            log.error("specdec output differs from plain greedy decoding on a %s request: %s", self._task, where)
         if len(self._contexts) == len(prompts):  # called by HFLM's generate_until, which encoded these texts
-            bases = base_stats.per_request if self.baseline else [GenerationStats()] * len(prompts)
-            for text, alone, base in zip(self._contexts, stats.per_request, bases, strict=True):
-                self._request_figures[text].append((alone + base).request_figures())
-        stats = replace(stats, per_request=[])
-        if self.baseline:
-            stats = stats + replace(base_stats, per_request=[])
-            for prompt, new, reference in zip(prompts, outputs, references, strict=True):
-                if not do_sample and new != reference:  # both are cut where the stop sequence completes
-                    stats.baseline_mismatches += 1
-                    where = replace(divergence(self.model, prompt, new, reference) or Divergence(), task=self._task)
-                    self._mismatch_details.append(where)
-                    log.error("specdec output differs from plain greedy decoding on a %s request: %s", self._task, where)
-        self._stats[self._task] += stats
-        rows = [context[row].tolist() + new for row, new in enumerate(outputs)]
+            for text, alone in zip(self._contexts, batch.per_request, strict=True):
+                self._request_figures[text].append(alone.request_figures())
+        rows = [context[row].tolist() + new for row, new in enumerate(batch.outputs)]
         width = max(len(r) for r in rows)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         return torch.tensor([r + [pad] * (width - len(r)) for r in rows], device=context.device)
@@ -300,10 +190,11 @@ class SpecDecLM(HFLM):
                     labels: torch.Tensor | None = None) -> torch.Tensor:
         """Logits for log-likelihood requests: the target's (HFLM's own call), or with ``score=draft`` the
         draft's own model's, over the target's vocabulary."""
-        if self.score == "target":
+        if self.args.score == "target":
             return super()._model_call(inps, attn_mask, labels)
+        drafter = self.session.drafter
         with torch.no_grad():
-            return self._drafter.model(inps).logits[..., : self._drafter.vocab_size]
+            return drafter.model(inps).logits[..., : drafter.vocab_size]
 
     def _detect_batch_size(self, requests=None, pos: int = 0) -> int:
         """``--batch_size auto``: on a GPU, lm-eval's own search (the largest batch that does not run out of
@@ -317,49 +208,18 @@ class SpecDecLM(HFLM):
         fits = psutil.virtual_memory().available // 2 // max(per_row, 1)
         return int(max(1, min(self.max_batch_size or 64, fits)))
 
-    def _stop_check(self, stop: list[str]) -> StopCheck | None:
-        """A :data:`~specdraft_eval.engine.params.StopCheck`: how many tokens to keep, the one that completes a stop
-        sequence last (as plain decoding stops on it). It decodes only the tokens that can hold a new match: those
-        since the last call, plus a margin of one token per character of the longest stop sequence. One check
-        serves one generation."""
-        stops = [s for s in stop or [] if s]
-        if not stops:
-            return None
-        margin = max(len(s) for s in stops) + 1
-        checked = [0]  # tokens seen by earlier calls
-
-        def check(new: list[int]) -> int | None:
-            start, seen = max(0, checked[0] - margin), checked[0]
-            checked[0] = len(new)
-
-            def hit(end: int) -> bool:
-                text = self.tokenizer.decode(new[start:end], skip_special_tokens=False)
-                return any(s in text for s in stops)
-
-            return first_stop(new, seen, hit)
-
-        return check
-
     # --- reporting -------------------------------------------------------------------------------
 
     def _record(self) -> SpecdecRecord:
         """This process's record."""
+        session, args, name = self.session, self.args, self.session.drafter.name
         profile = read_profile(default_profile_path(self.target_name, str(self.device),
                                                     kernel_paths.kernels_of(self.model)), named=False)
         return SpecdecRecord.new(
-            self.target_name,
-            self._drafter.name,
-            self.num_draft_tokens,
-            self.dynamic_gamma,
-            self.device,
-            dict(self._stats),
-            self._drafter.model,
-            profile.latencies(self._drafter.name) if profile else None,
-            self._mismatch_details,
-            runtime=runtime_of(self.model, self.static_cache, self.compile),
-            use_kernels=self.use_kernels,
-            score=self.score,
-        )
+            self.target_name, name, session.run.gamma.num_draft_tokens, session.run.gamma.dynamic, self.device,
+            dict(session.stats), session.drafter.model, profile.latencies(name) if profile else None,
+            session.divergences, runtime=runtime_of(self.model, args.static_cache, args.compile),
+            use_kernels=args.use_kernels, score=args.score)
 
     def specdec_info(self) -> dict:
         """The ``specdec`` block for the results file (on rank 0 of a data-parallel run: every rank's, merged)."""

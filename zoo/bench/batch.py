@@ -19,10 +19,11 @@ from specdraft_eval.engine.loop import (
     autoregressive_generate_batch,
     speculative_generate_batch,
 )
+from specdraft_eval.engine.params import DecodeParams, GammaPolicy, RunSettings
+from specdraft_eval.engine.session import Session
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.measure.environment import ModelFacts, dtype_name, hardware
 from specdraft_eval.measure.profiles import Spread
-from specdraft_eval.measure.stats import GenerationStats
 from specdraft_eval.measure.timers import peak_memory_mb
 from specdraft_eval.models.kernels import distinct_weight_bytes
 from specdraft_eval.models.targets import LoadSettings
@@ -81,29 +82,29 @@ def run_batch_study(target, tokenizer, drafters: list, prompts: list[str], batch
     """Run the study (see the module docstring); raise :class:`SpecdecError` naming a prompt whose output
     differs from plain decoding."""
     gamma, repeats, max_new_tokens = plan.gamma, plan.repeats, plan.max_new_tokens
+    run = RunSettings(GammaPolicy(gamma))
     ids = [tokenizer(p).input_ids[-512:] for p in prompts]  # long few-shot prompts: keep prefill comparable
     autoregressive_generate_batch(target, [ids[0]], min(8, max_new_tokens))  # warm-up
     expected = [autoregressive_generate_batch(target, [row], max_new_tokens)[0][0] for row in ids]
     rows = []
     for drafter in drafters:
         for size in batch_sizes:
-            speculative_generate_batch(target, drafter, ids[:size], min(8, max_new_tokens), num_draft_tokens=gamma)  # warm-up shapes
+            speculative_generate_batch(target, drafter, ids[:size], min(8, max_new_tokens), run=run)  # warm-up shapes
             autoregressive_generate_batch(target, ids[:size], min(8, max_new_tokens))
             spec, plain, tars = [], [], []
-            for _ in range(repeats):
-                total, base_total = GenerationStats(), GenerationStats()
+            for _ in range(repeats):  # one session per repeat: the baseline first every other batch
+                session = Session(target, drafter, run, baseline=True)
                 for batch_index, batch in enumerate(_batches(ids, size)):
-                    outputs, stats = speculative_generate_batch(target, drafter, batch, max_new_tokens, num_draft_tokens=gamma)
+                    outputs = session.generate(batch, DecodeParams(max_new_tokens)).outputs
                     for offset, output in enumerate(outputs):
                         if output != expected[batch_index * size + offset]:
                             raise SpecdecError(
                                 f"batch {size}, draft {drafter.name}: prompt {batch_index * size + offset} differs "
                                 "from plain decoding: a bug, please report it with this command")
-                    total += stats
-                    base_total += autoregressive_generate_batch(target, batch, max_new_tokens)[1]
                     on_run()
+                total = session.stats["default"]
                 spec.append(total.tokens_per_second)
-                plain.append(base_total.baseline_tokens_per_second)
+                plain.append(total.baseline_tokens_per_second)
                 tars.append(total.tar)
             resident = distinct_weight_bytes(target, drafter.model)
             first = ids[:size]
@@ -111,8 +112,8 @@ def run_batch_study(target, tokenizer, drafters: list, prompts: list[str], batch
                 drafter.name, size, Spread.of(spec), Spread.of(plain),
                 statistics.median(s / p for s, p in zip(spec, plain, strict=True)), tars[0],
                 ModelFacts.of(target).kv_bytes_per_token, ModelFacts.of(drafter.model).kv_bytes_per_token,
-                peak_memory_mb(lambda: speculative_generate_batch(target, drafter, first, max_new_tokens,
-                                                                  num_draft_tokens=gamma), target.device, resident),
+                peak_memory_mb(lambda: speculative_generate_batch(target, drafter, first, max_new_tokens, run=run),
+                               target.device, resident),
                 peak_memory_mb(lambda: autoregressive_generate_batch(target, first, max_new_tokens),
                                target.device, distinct_weight_bytes(target))))
     pays = {}

@@ -1,0 +1,74 @@
+"""A run of many requests: one target, one drafter, one :class:`~specdraft_eval.engine.params.RunSettings`.
+
+:class:`Session` is what the lm-eval wrapper and ``zoo bench --batch-size`` drive instead of the loop's entry points:
+it runs each batch speculatively and, with ``baseline``, plainly too (the baseline first every other batch, so
+neither side always runs on the warmer machine), checks greedy outputs against the baseline's token for token
+(where they differ: the index and the target's logit margin), keeps each request's own figures, and sums the
+statistics per task. Dynamic γ's controller belongs to the session: it learns over every request of the run.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from specdraft_eval.engine.drafter import Drafter
+from specdraft_eval.engine.loop import autoregressive_generate_batch, divergence, speculative_generate_batch
+from specdraft_eval.engine.params import DecodeParams, RunSettings, StopCheck
+from specdraft_eval.measure.stats import Divergence, GenerationStats
+
+
+@dataclass
+class Batch:
+    """One batch's result: each row's new tokens, the batch's statistics (the baseline's summed in), each row's own
+    (speculative and baseline counters summed: :meth:`GenerationStats.request_figures` reads both) and the rows whose
+    greedy output differs from the baseline's."""
+
+    outputs: list[list[int]]
+    stats: GenerationStats
+    per_request: list[GenerationStats]
+    divergences: list[Divergence] = field(default_factory=list)
+
+
+class Session:
+    """Runs requests for one target and drafter under one run's settings, with the baseline and its check."""
+
+    def __init__(self, target, drafter: Drafter, run: RunSettings = RunSettings(), baseline: bool = False) -> None:
+        self.target, self.drafter, self.run, self.baseline = target, drafter, run, baseline
+        self.controller = run.gamma.controller()  # learns about the draft over the whole run
+        self.stats: dict[str, GenerationStats] = defaultdict(GenerationStats)
+        self.divergences: list[Divergence] = []
+        self.batches = 0
+
+    def generate(self, prompts: list[list[int]], params: DecodeParams,
+                 stops: Callable[[], list[StopCheck | None]] | None = None, task: str = "default") -> Batch:
+        """Generate every prompt of one batch. ``stops`` makes each row's stop checks (called once per side: a check
+        serves one generation)."""
+        def speculate():
+            return speculative_generate_batch(self.target, self.drafter, prompts, params, run=self.run,
+                                              stops=stops() if stops else None, gamma_controller=self.controller)
+
+        def plain():
+            return autoregressive_generate_batch(self.target, prompts, params, run=self.run,
+                                                 stops=stops() if stops else None)
+
+        self.batches += 1
+        if self.baseline and self.batches % 2 == 0:
+            (references, base), (outputs, stats) = plain(), speculate()
+        else:
+            outputs, stats = speculate()
+            references, base = plain() if self.baseline else (None, None)
+        per_request = list(stats.per_request)
+        stats = replace(stats, per_request=[])
+        found = []
+        if self.baseline:
+            per_request = [alone + mine for alone, mine in zip(per_request, base.per_request, strict=True)]
+            stats = stats + replace(base, per_request=[])
+            for prompt, new, reference in zip(prompts, outputs, references, strict=True):
+                if not params.do_sample and new != reference:  # both are cut where the stop sequence completes
+                    stats.baseline_mismatches += 1
+                    found.append(replace(divergence(self.target, prompt, new, reference) or Divergence(), task=task))
+        self.divergences += found
+        self.stats[task] += stats
+        return Batch(outputs, stats, per_request, found)
