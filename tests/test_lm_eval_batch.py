@@ -65,7 +65,7 @@ def test_batch_sizes_give_batch_one_output(batched, batch_one, batch_size):
 
 
 def test_two_processes_split_the_documents_and_merge_their_records(tiny, batch_one, tmp_path):
-    launcher = ("accelerate", "launch", "--multi_gpu", "--num_processes", "2")  # on CPUs too: see the README
+    launcher = ("accelerate", "launch", "--multi_gpu", "--num_processes", "2")  # on CPUs too: see docs/lm_eval.md
     block, responses = evaluate(tiny, tmp_path, *launcher)
     reference_block, reference = batch_one
     assert block["processes"] == 2

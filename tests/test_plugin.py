@@ -17,7 +17,7 @@ KIND = "repeat-last"
 
 
 def install_readme_plugin(site: Path) -> Path:
-    """Write the README's plugin module and a ``.dist-info`` declaring its entry point into ``site``."""
+    """Write docs/kinds.md's plugin module and a ``.dist-info`` declaring its entry point into ``site``."""
     readme = (ROOT / "docs" / "kinds.md").read_text()
     found = re.search(r"<!-- plugin example: (\w+)\.py -->\s*```python\n(.*?)```", readme, re.S)
     assert found, "docs/kinds.md lost its plugin example"

@@ -208,10 +208,13 @@ runtime: RuntimeOpt = "eager",
     gpus: Annotated[int, typer.Option(help="A named --gpu: the target sharded over this many of them (tensor "
                                            "parallel: weights split, two all-reduces per layer); drafts on one.")] = 1,
     device: DeviceOpt = None, dtype: DtypeOpt = "auto", use_kernels: UseKernelsOpt = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Every γ's prediction, TAR and latency sources, "
+                                          "break-even TARs (wider than 120 columns).")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Rank drafts for a target and a GPU by predicted tokens/s (analytical model, measured TAR); a named GPU ranks
-    from model shapes alone. Default drafts: prompt-lookup, a 5-layer view, local catalog drafts, drafts with results."""
+    from model shapes alone. Default drafts: every kind's candidates (prompt-lookup, a 5-layer view, suffix), local
+    catalog drafts, drafts with results."""
     from zoo.rank import RankOptions, table_rows
     from zoo.ranking_run import run_rank
 
@@ -223,7 +226,7 @@ runtime: RuntimeOpt = "eager",
     typer.echo(f"target {target} on {gpu}{f' x{gpus}' if gpus > 1 else ''}: {result.target_ms_per_token:.3g} ms per "
                "autoregressive token"
                + (f"\nlatency model against measurements: {e}" if (e := result.latency_model_error) else ""))
-    emit(table_rows(result), False)
+    emit(table_rows(result, verbose), False)
     if result.published:
         from dataclasses import asdict
 

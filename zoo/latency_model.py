@@ -108,7 +108,7 @@ GPUS = {
         _gpu("l4", 300, 121, 24),
         _gpu("a10g", 600, 125, 24),
         _gpu("rtx-4090", 1008, 165, 24),
-        # this project's CPU machine, from `zoo profile --sweep` (fp32): see the README's fit
+        # this project's CPU machine, from `zoo profile --sweep` (fp32): see docs/development.md's fit
         Accelerator("cpu", 13.5, 1.0, 24, {r: RuntimeCost(0.0, 0.94) for r in RUNTIMES}, dtype_bytes=4),
     ]
 }

@@ -7,6 +7,7 @@ per-position counts, :meth:`GenerationStats.tar_at`), or measured on N prompts o
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -151,14 +152,22 @@ class RankResult:
                 "rows": [asdict(row) for row in self.rows], "published": [asdict(c) for c in self.published]}
 
 
-def table_rows(result: RankResult) -> list[dict]:
-    """Ranked rows as the CLI's text table shows them (every γ's prediction on one line)."""
-    return [{"draft": r.draft, "best_gamma": r.best_gamma, "predicted_tokens_per_second": r.predicted_tokens_per_second,
-             "tokens/s by γ": "  ".join(f"{g}: {tps:.3g}" for g, tps in r.predicted_by_gamma.items()) or None,
-             "measured_tokens_per_second": r.measured_tokens_per_second, "speedup": r.speedup, "tar": r.tar,
-             "tar_source": r.tar_source, "draft_ms_per_token": r.draft_ms_per_token,
-             "break_even_tar": "  ".join(f"{g}: {t:.2f}" for g, t in r.break_even_tar.items()) or None,
-             "kv_bytes_per_token": r.kv_bytes_per_token, "latency_source": r.latency_source} for r in result.rows]
+def table_rows(result: RankResult, verbose: bool = False) -> list[dict]:
+    """Ranked rows as the CLI's text table shows them: within 120 columns; ``verbose`` adds every γ's prediction,
+    where each TAR and latency came from and the TAR each γ needs to break even, and drafts' whole paths (without
+    it, folders are dropped: ``eagle:leaderboard/drafts/h`` shows as ``eagle:h``; ``--json`` has everything)."""
+    rows = []
+    for r in result.rows:
+        row = {"draft": r.draft if verbose else re.sub(r"[^|:@]*/", "", r.draft), "γ": r.best_gamma, "pred tok/s": r.predicted_tokens_per_second,
+               "tok/s here": r.measured_tokens_per_second, "speedup": r.speedup, "TAR": r.tar,
+               "draft ms": r.draft_ms_per_token}
+        if verbose:
+            row |= {"tokens/s by γ": "  ".join(f"{g}: {tps:.3g}" for g, tps in r.predicted_by_gamma.items()) or None,
+                    "tar_source": r.tar_source,
+                    "break_even_tar": "  ".join(f"{g}: {t:.2f}" for g, t in r.break_even_tar.items()) or None,
+                    "kv_bytes_per_token": r.kv_bytes_per_token, "latency_source": r.latency_source}
+        rows.append(row)
+    return rows
 
 
 def rank(candidates: list[Candidate], t_target_ms: float, t_verify_ms: dict[int, float],

@@ -1,6 +1,6 @@
 """Per-generation counters and timings, and the summary figures derived from them.
 
-Conventions (stated once; the README repeats them):
+Conventions (stated once; docs/lm_eval.md repeats them):
 
 - ``tar`` is the founding paper's TAR: tokens emitted per verification step, the target's own (bonus or
   recovered) token included, so ``tar == accepted_per_step + 1``. Spec-Bench's and EAGLE's mean accepted tokens
