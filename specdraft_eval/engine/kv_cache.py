@@ -1,4 +1,5 @@
-"""The KV caches: :class:`BatchCache`, the target's cache for a batch of rows of different lengths, and helpers shared by the engine (target) and model drafts: a growing cache (transformers'
+"""The KV caches: :class:`BatchCache`, the target's cache for a batch of rows of different lengths (storage apart
+from row bookkeeping), and helpers shared by the engine (target) and model drafts: a growing cache (transformers'
 ``DynamicCache``) or a static one preallocated to a capacity (``StaticCache``: no tensor changes shape from step
 to step, which CUDA graphs need). Both roll back by length."""
 
@@ -108,85 +109,234 @@ def additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         ~allowed, torch.finfo(dtype).min)[:, None]
 
 
-class BatchCache:
-    """The target's KV cache for a batch of rows of different lengths: one transformers cache over all rows,
-    growing (``DynamicCache``) or static (a ``StaticCache`` handed in, preallocated: no tensor changes shape from
-    step to step; rollback moves its length).
+class GrowingStorage:
+    """A batch's KV tensors in a growing ``DynamicCache``: attention reads every column; a finished row is dropped."""
+
+    capacity: int | None = None  # no preallocated positions
+
+    def __init__(self) -> None:
+        self.cache = DynamicCache()
+
+    def reach(self, keys: int, compiled: bool, reach: int) -> int:
+        """The positions attention reads when ``keys`` are filled: all of them."""
+        return keys
+
+    def widen(self, attention: torch.Tensor) -> torch.Tensor:
+        """A 2D ``[rows, columns]`` mask as the model takes it: as it is."""
+        return attention
+
+    def attend(self, keys: int) -> None:
+        """Nothing to narrow: a growing cache holds only what is filled."""
+
+    def select(self, rows: list[int], bucket: int) -> torch.Tensor:
+        """Keep only ``rows``; the index that maps the old rows to the new ones."""
+        index = torch.tensor(rows, dtype=torch.long, device=self.cache.layers[0].keys.device)
+        for layer in self.cache.layers:
+            layer.batch_select_indices(index)
+        return index
+
+    def gather(self, index: torch.Tensor, columns: int) -> None:
+        """Each row's columns ``index[row]`` (``[bucket, longest]``) of the first ``columns``, now its first ones."""
+        for layer in self.cache.layers:
+            layer.keys, layer.values = _gathered(layer, index, columns)
+
+
+class StaticStorage:
+    """A batch's KV tensors in a preallocated ``StaticCache`` of ``bucket`` rows: no tensor changes shape from step to
+    step (CUDA graphs need that); rollback moves its length; a finished row stays in place, dead; attention reads
+    the filled prefix (:class:`PrefixLayer`), a compiled step's rounded up to ``ATTEND_STEP``."""
+
+    def __init__(self, cache: Cache) -> None:
+        self.cache = cache
+        self.capacity = cache.layers[0].max_cache_len - 1  # usable positions
+
+    def reach(self, keys: int, compiled: bool, reach: int) -> int:
+        """The positions attention reads when ``keys`` are filled: a compiled step's rounded up to ``ATTEND_STEP``
+        (one CUDA graph per step of it), or ``reach`` if more (the warm-up visits each)."""
+        return min(self.capacity, max(reach, -(-keys // ATTEND_STEP) * ATTEND_STEP)) if compiled else keys
+
+    def widen(self, attention: torch.Tensor) -> torch.Tensor:
+        """A 2D mask over every allocated position (a static shape), the unwritten ones masked."""
+        return torch.nn.functional.pad(attention, (0, self.capacity + 1 - attention.shape[1]))
+
+    def attend(self, keys: int) -> None:
+        attend(self.cache, keys)
+
+    def select(self, rows: list[int], bucket: int) -> torch.Tensor:
+        """Move ``rows`` first, in place (the others after them: dead); the index of the new order."""
+        order = rows + [i for i in range(bucket) if i not in rows]
+        index = torch.tensor(order, dtype=torch.long, device=self.cache.layers[0].keys.device)
+        for layer in self.cache.layers:
+            layer.keys.copy_(layer.keys[index])
+            layer.values.copy_(layer.values[index])
+        return index
+
+    def gather(self, index: torch.Tensor, columns: int) -> None:
+        for layer in self.cache.layers:  # in place: a static cache keeps its tensors
+            keys, values = _gathered(layer, index, columns)
+            layer.keys[:, :, : index.shape[1]].copy_(keys)
+            layer.values[:, :, : index.shape[1]].copy_(values)
+
+
+def _gathered(layer, index: torch.Tensor, columns: int) -> tuple[torch.Tensor, torch.Tensor]:
+    heads, dim = layer.keys.shape[1], layer.keys.shape[3]
+    spread = index[:, None, :, None].expand(-1, heads, -1, dim)  # [bucket, heads, longest, head_dim]
+    return layer.keys[:, :, :columns].gather(2, spread), layer.values[:, :, :columns].gather(2, spread)
+
+
+class RowLayout:
+    """Which cache columns hold each row's real tokens, apart from where the tensors live.
 
     A row may hold *holes*: columns of padding, or of draft tokens its verification rejected while another row's
-    were accepted, that stay in the cache but are masked out of attention. ``lengths`` keeps each row's true
-    length (its real columns), which gives the position ids of what it feeds next; ``mask`` is None while no row
-    has a hole, so a batch of one runs exactly as an unpadded, unmasked forward pass. Holes are squeezed out
-    (:meth:`compact`) once they are half the cache, or a static cache is full. A static cache has ``bucket`` rows
-    (a power of two, so that batches of similar size share compiled steps): rows past the live ones are *dead*,
-    fed nothing and attending to their first column only, and rows that finish become dead in place; with more
-    than one row (or ``always_masked``: a draft of trees, whose paths leave holes) it always passes the mask and
-    position ids, so each step's inputs keep one form. ``step``, when
-    set, runs the forward passes after the prefill (a compiled forward: :mod:`specdraft_eval.engine.graphs`).
+    were accepted, that stay in the cache but are masked out of attention. ``lengths`` keeps each live row's true
+    length (its real columns), which gives the position ids of what it feeds next; ``mask`` (``[bucket, columns]``
+    bool, True where a column holds a real token) is None while no row has a hole, so a batch of one runs exactly as
+    an unpadded, unmasked forward pass. Rows past the live ones are *dead* (a static batch bucket): fed nothing and
+    attending to their first column only. With ``always_masked`` the mask and position ids are passed every step, so
+    each step's inputs keep one form."""
+
+    def __init__(self, rows: int, bucket: int, always_masked: bool) -> None:
+        self.bucket = bucket  # rows in the cache, live and dead
+        self.lengths = [0] * rows  # real columns per live row
+        self.mask: torch.Tensor | None = None
+        self.always_masked = always_masked
+
+    def inputs(self, tokens: list[list[int]], start: int, keys: int, model, trees: list[list[int]] | None,
+               widen: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None,
+                                                                     torch.Tensor | None, torch.Tensor]:
+        """One step's ``tokens`` (every row of the bucket's, dead ones empty) as the model's input ids, attention mask
+        and position ids (None, None where no row needs them) and which columns are real ``[bucket, width]``:
+        shorter rows right-padded with masked columns; ``trees`` (per row, each new column's parent column, -1 for
+        the first) attend to the row's past and their own ancestors only, at position length + depth, as a 4D mask
+        over ``keys`` positions."""
+        device, width = model.device, max(len(row) for row in tokens)
+        ids = torch.tensor([row + [0] * (width - len(row)) for row in tokens], dtype=torch.long, device=device)
+        real = torch.tensor([[j < len(row) for j in range(width)] for row in tokens], device=device)  # [bucket, width]
+        if self.mask is None and bool(real.all()) and trees is None and not self.always_masked:
+            return ids, None, None, real
+        past = self.mask if self.mask is not None else torch.ones(self.bucket, start, dtype=torch.bool, device=device)
+        offsets = torch.arange(width, device=device)[None, :].expand(self.bucket, -1)  # [bucket, width]
+        if trees is not None:
+            attention_kind = str(getattr(model.config, "_attn_implementation", None) or "")
+            if attention_kind.startswith("flash"):
+                raise SpecdecError(f"token trees need a 4D attention mask, which {attention_kind} does not take: "
+                                   "load the target with sdpa or eager attention, or draft a chain")
+            ancestors = _ancestors(trees, self.bucket, width, device)  # [bucket, width, width]
+            offsets = ancestors.sum(-1) - 1  # each column's depth
+            attention = torch.cat([past[:, None, :].expand(-1, width, -1), ancestors & real[:, None, :]], dim=2)
+            attention = torch.nn.functional.pad(attention, (0, keys - start - width))  # a compiled reach
+            attention = additive(attention, model.dtype)  # [bucket, 1, width, keys]
+        else:
+            attention = widen(torch.cat([past, real], dim=1).long())  # [bucket, columns + width (or capacity + 1)]
+        lengths = self.lengths + [0] * (self.bucket - len(self.lengths))
+        position_ids = torch.tensor(lengths, device=device)[:, None] + offsets  # [bucket, width]
+        return ids, attention, position_ids, real
+
+    def keep(self, kept: list[list[int]], columns: int, device) -> None:
+        """Live row i kept its appended columns ``kept[i]`` of the last step (the cache now ends at the last column
+        any row kept, ``columns`` in all); the rest are holes."""
+        live = len(kept)
+        kept = kept + [[]] * (self.bucket - live)
+        most = max((chosen[-1] + 1 for chosen in kept if chosen), default=0)
+        chosen = torch.zeros(self.bucket, most, dtype=torch.bool, device=device)  # [bucket, most]
+        for row, picked in enumerate(kept):
+            chosen[row, picked] = True
+        if self.mask is not None or not bool(chosen.all()):
+            past = self.mask if self.mask is not None else torch.ones(self.bucket, columns - most, dtype=torch.bool,
+                                                                      device=device)
+            self.mask = torch.cat([past, chosen], dim=1)  # [bucket, columns]
+            self.mask[live:, 0] = True  # a dead row attends to its first column: never to nothing
+        self.lengths = [length + len(picked) for length, picked in zip(self.lengths, kept[:live], strict=True)]
+
+    def select(self, rows: list[int], index: torch.Tensor, columns: int, drops_rows: bool) -> None:
+        """Only the live ``rows`` stay, reordered by ``index`` (the storage's): dropped, or kept dead after them."""
+        self.lengths = [self.lengths[i] for i in rows]
+        if drops_rows:
+            self.mask = self.mask[index] if self.mask is not None else None
+            self.bucket = len(rows)
+            return
+        mask = self.mask if self.mask is not None else torch.ones(self.bucket, columns, dtype=torch.bool,
+                                                                 device=index.device)
+        self.mask = mask[index]
+        self.mask[len(rows):] = False
+        self.mask[len(rows):, 0] = True
+
+    def compaction(self, columns: int, full: bool) -> torch.Tensor | None:
+        """Where holes fill half the cache (or, ``full``, any): each row's real columns, in order, right-aligned
+        (``[bucket, longest]``: the columns to gather); the mask becomes theirs. None: nothing to squeeze."""
+        if self.mask is None or (not full and columns < 2 * max(self.lengths) + 16):
+            return None
+        order = torch.sort(self.mask.int(), dim=1, stable=True).indices  # [bucket, columns]: holes first
+        index = order[:, -max(self.lengths):]  # [bucket, longest]
+        self.mask = torch.gather(self.mask, 1, index)
+        if bool(self.mask.all()):
+            self.mask = None
+        return index
+
+
+class BatchCache:
+    """The target's KV cache for a batch of rows of different lengths: where the tensors live (:class:`GrowingStorage`,
+    or :class:`StaticStorage` over a ``StaticCache`` handed in) and which columns hold each row's tokens
+    (:class:`RowLayout`). Holes are squeezed out (:meth:`compact`) once they are half the cache, or a static cache
+    is full. A static cache has ``bucket`` rows (a power of two, so that batches of similar size share compiled
+    steps), and with more than one row (or ``always_masked``: a draft of trees, whose paths leave holes) it always
+    passes the mask and position ids. ``step``, when set, runs the forward passes after the prefill (a compiled
+    forward: :mod:`specdraft_eval.engine.graphs`).
     """
 
     def __init__(self, rows: int, static: Cache | None = None, bucket: int | None = None) -> None:
-        self.cache = DynamicCache() if static is None else static
-        self.capacity = None if static is None else static.layers[0].max_cache_len - 1  # usable positions
-        self.bucket = rows if static is None else (bucket or rows)  # rows in the cache, live and dead
-        self.mask: torch.Tensor | None = None  # [bucket, columns] bool: True where a column holds a real token
-        self.lengths = [0] * rows  # real columns per live row
+        self.storage = GrowingStorage() if static is None else StaticStorage(static)
+        bucket = rows if static is None else (bucket or rows)
+        self.rows = RowLayout(rows, bucket, always_masked=static is not None and bucket > 1)
+        self.cache = self.storage.cache
+        self.capacity = self.storage.capacity
         self.step: Callable | None = None
-        self.always_masked = static is not None and self.bucket > 1  # pass the mask and position ids every step
         self._appended: list[int] = []  # tokens each row fed in the last forward pass
 
     @property
     def columns(self) -> int:
         return length(self.cache)
 
+    @property
+    def lengths(self) -> list[int]:
+        return self.rows.lengths
+
+    @property
+    def bucket(self) -> int:
+        return self.rows.bucket
+
+    @property
+    def mask(self) -> torch.Tensor | None:
+        return self.rows.mask
+
+    @property
+    def always_masked(self) -> bool:
+        return self.rows.always_masked
+
+    @always_masked.setter
+    def always_masked(self, value: bool) -> None:
+        self.rows.always_masked = value
+
     def forward(self, model, tokens: list[list[int]], keep_logits: int, reach: int = 0,
                 trees: list[list[int]] | None = None) -> torch.Tensor:
-        """Append each live row's ``tokens`` (rows may differ in length: shorter ones are right-padded with masked
-        columns) and return the last ``keep_logits`` logits of each row's block, ``[rows, keep_logits, vocab]``.
-        ``trees``, per row, each new column's parent column in the block (-1 for the first): a column then attends
-        to the row's past and its own ancestors only, at position length + depth (a token tree). Follow with
-        :meth:`keep`. A static cache's compiled step attends over the filled positions rounded up to
-        ``ATTEND_STEP`` (one CUDA graph per step of it), or ``reach`` if more (the warm-up visits each); a tree's
-        mask spans the same positions."""
+        """Append each live row's ``tokens`` (rows may differ in length) and return the last ``keep_logits`` logits of
+        each row's block, ``[rows, keep_logits, vocab]``. ``trees``: per row, a token tree's parent columns
+        (:meth:`RowLayout.inputs`). Follow with :meth:`keep`. A compiled step attends over ``reach`` positions at
+        least (:meth:`StaticStorage.reach`); a tree's mask spans the same."""
         live, width = len(tokens), max(len(row) for row in tokens)
-        tokens = tokens + [[]] * (self.bucket - live)  # dead rows feed nothing
+        tokens = tokens + [[]] * (self.rows.bucket - live)  # dead rows feed nothing
         if self.capacity is not None and self.columns + width > self.capacity:
             self.compact(full=True)
             if self.columns + width > self.capacity:
                 raise SpecdecError(f"static KV cache of {self.capacity} positions is full: a bug, please report it")
-        start, device = self.columns, model.device
-        keys = start + width  # what attention reads: the filled positions, a compiled step's rounded up
-        if self.capacity is not None and self.step is not None:
-            keys = min(self.capacity, max(reach, -(-keys // ATTEND_STEP) * ATTEND_STEP))
-        ids = torch.tensor([row + [0] * (width - len(row)) for row in tokens], dtype=torch.long, device=device)
-        real = torch.tensor([[j < len(row) for j in range(width)] for row in tokens], device=device)  # [bucket, width]
-        attention = position_ids = None
-        if self.mask is not None or not bool(real.all()) or trees is not None or self.always_masked:
-            past = self.mask if self.mask is not None else torch.ones(self.bucket, start, dtype=torch.bool,
-                                                                      device=device)
-            offsets = torch.arange(width, device=device)[None, :].expand(self.bucket, -1)  # [bucket, width]
-            if trees is not None:
-                attention_kind = str(getattr(model.config, "_attn_implementation", None) or "")
-                if attention_kind.startswith("flash"):
-                    raise SpecdecError(f"token trees need a 4D attention mask, which {attention_kind} does not take: "
-                                       "load the target with sdpa or eager attention, or draft a chain")
-                ancestors = _ancestors(trees, self.bucket, width, device)  # [bucket, width, width]
-                offsets = ancestors.sum(-1) - 1  # each column's depth
-                attention = torch.cat([past[:, None, :].expand(-1, width, -1), ancestors & real[:, None, :]], dim=2)
-                attention = torch.nn.functional.pad(attention, (0, keys - start - width))  # a compiled reach
-                attention = additive(attention, model.dtype)  # [bucket, 1, width, keys]
-            else:
-                attention = torch.cat([past, real], dim=1).long()  # [bucket, columns + width]
-                if self.capacity is not None:  # a static shape: every allocated position, the unwritten ones masked
-                    attention = torch.nn.functional.pad(attention, (0, self.capacity + 1 - attention.shape[1]))
-            lengths = self.lengths + [0] * (self.bucket - live)
-            position_ids = torch.tensor(lengths, device=device)[:, None] + offsets  # [bucket, width]
-        if self.capacity is not None:  # what is filled; compiled, rounded up (bounded recompiles and CUDA graphs)
-            attend(self.cache, keys)
+        start = self.columns
+        keys = self.storage.reach(start + width, self.step is not None, reach)  # what attention reads
+        ids, attention, position_ids, real = self.rows.inputs(tokens, start, keys, model, trees, self.storage.widen)
+        self.storage.attend(keys)
         logits = (self.step or model)(input_ids=ids, attention_mask=attention, position_ids=position_ids,
-                                 cache=self.cache, use_cache=True,
-                                 logits_to_keep=0 if keep_logits == width else keep_logits
-                                 ).logits  # [bucket, keep_logits, vocab]
+                                      cache=self.cache, use_cache=True,
+                                      logits_to_keep=0 if keep_logits == width else keep_logits
+                                      ).logits  # [bucket, keep_logits, vocab]
         if not all(tokens if start == 0 else tokens[:live]):
             # a row with nothing real attended to nothing: its padded columns may hold NaN
             for layer in self.cache.layers:
@@ -198,73 +348,33 @@ class BatchCache:
     def keep(self, kept: list[list[int]]) -> None:
         """After :meth:`forward`: keep live row i's appended columns ``kept[i]`` (ascending: a chain's first n, a
         tree's accepted path); the rest become holes (or are cropped, where no row kept them)."""
-        live = len(kept)
-        kept = kept + [[]] * (self.bucket - live)
         most = max((columns[-1] + 1 for columns in kept if columns), default=0)
         rollback(self.cache, self.columns - max(self._appended) + most)
-        device = self.mask.device if self.mask is not None else self.cache.layers[0].keys.device
-        chosen = torch.zeros(self.bucket, most, dtype=torch.bool, device=device)  # [bucket, most]
-        for row, columns in enumerate(kept):
-            chosen[row, columns] = True
-        if self.mask is not None or not bool(chosen.all()):
-            past = self.mask if self.mask is not None else torch.ones(self.bucket, self.columns - most,
-                                                                      dtype=torch.bool, device=device)
-            self.mask = torch.cat([past, chosen], dim=1)  # [bucket, columns]
-            self.mask[live:, 0] = True  # a dead row attends to its first column: never to nothing
-        self.lengths = [length + len(columns) for length, columns in zip(self.lengths, kept[:live], strict=True)]
+        device = self.rows.mask.device if self.rows.mask is not None else self.cache.layers[0].keys.device
+        self.rows.keep(kept, self.columns, device)
         self.compact()
 
     def rollback(self, length: int) -> None:
         """A batch of one without holes: drop cached positions past ``length``."""
-        if self.mask is not None or self.bucket != 1:
+        if self.rows.mask is not None or self.rows.bucket != 1:
             raise ValueError("rollback is for a batch of one row without holes")
         rollback(self.cache, length)
-        self.lengths = [min(self.lengths[0], length)]
+        self.rows.lengths = [min(self.rows.lengths[0], length)]
 
     def select(self, rows: list[int]) -> None:
         """Keep only the live ``rows`` (the others have finished): a growing cache drops the others, a static one
         moves the kept rows first, in place, and the others become dead."""
         attend(self.cache, None)
-        device = self.cache.layers[0].keys.device
-        self.lengths = [self.lengths[i] for i in rows]
-        if self.capacity is None:
-            index = torch.tensor(rows, dtype=torch.long, device=device)
-            for layer in self.cache.layers:
-                layer.batch_select_indices(index)
-            self.mask = self.mask[index] if self.mask is not None else None
-            self.bucket = len(rows)
-        else:
-            order = rows + [i for i in range(self.bucket) if i not in rows]
-            index = torch.tensor(order, dtype=torch.long, device=device)
-            for layer in self.cache.layers:
-                layer.keys.copy_(layer.keys[index])
-                layer.values.copy_(layer.values[index])
-            mask = self.mask if self.mask is not None else torch.ones(self.bucket, self.columns, dtype=torch.bool,
-                                                                     device=device)
-            self.mask = mask[index]
-            self.mask[len(rows):] = False
-            self.mask[len(rows):, 0] = True
+        index = self.storage.select(rows, self.rows.bucket)
+        self.rows.select(rows, index, self.columns, drops_rows=self.capacity is None)
         self.compact()
 
     def compact(self, full: bool = False) -> None:
-        """Squeeze out holes once they fill half the cache (or, ``full``, now): each row's real columns, in order,
-        right-aligned."""
-        if self.mask is None or (not full and self.columns < 2 * max(self.lengths) + 16):
+        """Squeeze out holes once they fill half the cache (or, ``full``, now)."""
+        columns = self.columns
+        index = self.rows.compaction(columns, full)
+        if index is None:
             return
         attend(self.cache, None)
-        longest, columns = max(self.lengths), self.columns
-        order = torch.sort(self.mask.int(), dim=1, stable=True).indices  # [bucket, columns]: holes first
-        index = order[:, -longest:]  # [bucket, longest]
-        self.mask = torch.gather(self.mask, 1, index)
-        for layer in self.cache.layers:
-            heads, dim = layer.keys.shape[1], layer.keys.shape[3]
-            spread = index[:, None, :, None].expand(-1, heads, -1, dim)  # [bucket, heads, longest, head_dim]
-            keys, values = layer.keys[:, :, :columns].gather(2, spread), layer.values[:, :, :columns].gather(2, spread)
-            if self.capacity is None:
-                layer.keys, layer.values = keys, values
-            else:  # in place: a static cache keeps its tensors
-                layer.keys[:, :, :longest].copy_(keys)
-                layer.values[:, :, :longest].copy_(values)
-        rollback(self.cache, longest)
-        if bool(self.mask.all()):
-            self.mask = None
+        self.storage.gather(index, columns)
+        rollback(self.cache, index.shape[1])
