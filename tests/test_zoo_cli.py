@@ -163,3 +163,24 @@ def test_pull_offline_answers_from_cache_and_checks_tokenizer(tiny, tmp_path):
     assert Path(result["path"]) == snapshot and result["tokenizer_check"] == f"matches {tiny}"
     assert_one_line_error(run_cli("zoo", "pull", "acme/absent", env=env), "not in the Hugging Face cache and HF_HUB_OFFLINE is set")
     assert_one_line_error(run_cli("zoo", "pull", "nonsense", env=env), "unknown draft 'nonsense'")
+
+
+def test_text_tables_fit_a_120_column_terminal(tiny, tmp_path):
+    """As a new user sees them: zoo rank's default table and zoo validate --quick (which says up front what it will
+    generate) fit 120 columns; the details are under --verbose or --json."""
+    from typer.testing import CliRunner
+
+    from zoo.cli import app
+
+    ranked = CliRunner().invoke(app, ["rank", "--target", "smollm2-135m-instruct", "--gpu", "h100"])
+    assert ranked.exit_code == 0 and "| draft" in ranked.output, ranked.output
+    assert max(map(len, ranked.output.splitlines())) <= 120
+    verbose = CliRunner().invoke(app, ["rank", "--target", "smollm2-135m-instruct", "--gpu", "h100", "--verbose"])
+    assert "break_even_tar" in verbose.output and "tar_source" not in ranked.output
+    checked = CliRunner().invoke(app, ["validate", "--target", str(tiny), "--quick", "--drafts", "prompt-lookup",
+                                       "--plot", str(tmp_path / "v.png")])
+    assert checked.exit_code == 0, checked.output
+    lines = [line for line in checked.output.splitlines() if not line.startswith("Loading")]
+    assert lines[0].startswith("zoo validate: 1 configuration(s) x 1 repeat(s) x 1 prompt(s)")
+    assert lines[1].strip().startswith("2 generations of up to 32 tokens")
+    assert [line for line in lines if len(line) > 120] == [] and "| task" in checked.output

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -12,12 +11,12 @@ from specdraft_eval.errors import SpecdecError
 from specdraft_eval.models.targets import DEFAULT_TARGET
 
 from zoo.cli_support import (  # isort: skip (one wrapped list, not a line per name)
-    BatchSizeOpt, BenchGammaOpt, CalibrateOpt, CalibrationOpt, CompileOpt, ContextOpt, DeviceOpt, DistillOpt,
-    DraftsOpt, DtypeOpt, DynamicOpt, GammaOpt, GpuOpt, GridOpt, JsonOpt, KeepOpt, KernelsOpt, LayersOpt, MaxNewOpt,
-    NewTokensOpt, NgramPromptsOpt, OnPolicyOpt, OutOpt, PlotOpt, ProfileOutOpt, PromptsFileOpt, PromptsOpt,
-    RankGammaOpt, RepeatsOpt, ResultsOpt, RuntimeOpt, ScoreTaskOpt, SelectOpt, SweepOpt, TargetOpt, UseKernelsOpt,
-    VocabTopOpt, cli_errors, emit, existing, load_settings, one_gamma, parse_positive_ints, progress
+    BatchSizeOpt, BenchGammaOpt, CalibrateOpt, CompileOpt, ContextOpt, DeviceOpt, DraftsOpt, DtypeOpt, DynamicOpt,
+    GammaOpt, GpuOpt, GridOpt, JsonOpt, KernelsOpt, MaxNewOpt, PlotOpt, ProfileOutOpt, PromptsFileOpt, RankGammaOpt,
+    RepeatsOpt, ResultsOpt, RuntimeOpt, ScoreTaskOpt, SweepOpt, TargetOpt, UseKernelsOpt, cli_errors, emit, existing,
+    load_settings, one_gamma, parse_positive_ints, progress
 )
+from zoo import cli_build
 from zoo.rank import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TASK
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -42,113 +41,8 @@ def list_drafts(
     emit(data["kinds"], False, ["name", "family", "source"])
 
 
-@app.command()
-@cli_errors
-def pull(
-    name: Annotated[str, typer.Argument(help="Catalog name or hub id (org/name).")],
-    revision: Annotated[Optional[str], typer.Option(help="Branch, tag or commit.")] = None,
-    target: Annotated[Optional[str], typer.Option("--target", "-t", help="Check the draft's tokenizer against this target.")] = None,
-    as_json: JsonOpt = False,
-) -> None:
-    """Download a draft into the Hugging Face cache (interrupted: keeps whole files only; offline: answer from the cache)."""
-    from zoo.pull import pull as do_pull
-
-    emit(do_pull(name, revision, target), as_json)
-
-
-@app.command()
-@cli_errors
-def prune(
-    model: Annotated[str, typer.Argument(help="Model to prune: the target itself or a larger draft.")],
-    out: OutOpt,
-layers: LayersOpt = None,
-keep: KeepOpt = None,
-select: SelectOpt = "first",
-calibration: CalibrationOpt = None,
-distill_tokens: DistillOpt = 0,
-on_policy: OnPolicyOpt = False,
-vocab_top: VocabTopOpt = None,
-    device: DeviceOpt = None, dtype: DtypeOpt = "float32", use_kernels: UseKernelsOpt = False,
-    as_json: JsonOpt = False,
-) -> None:
-    """Build a depth-pruned draft (optionally distilled) as a normal HF model directory."""
-    from zoo.prune import Pruning, make_draft
-
-    pruning = Pruning(layers, keep, select, calibration, distill_tokens, on_policy, vocab_top)
-    with progress("distilling") as tick:
-        emit(make_draft(model, out, pruning, load_settings(device, dtype, use_kernels, "plain"), tick), as_json)
-
-
-@app.command()
-@cli_errors
-def ngram(
-    model: Annotated[str, typer.Argument(help="The target whose own continuations the draft learns.")],
-    out: OutOpt,
-    prompts: PromptsOpt = None,
-    new_tokens: NewTokensOpt = 128, max_prompts: NgramPromptsOpt = 160,
-    device: DeviceOpt = None, dtype: DtypeOpt = "auto", use_kernels: UseKernelsOpt = False, as_json: JsonOpt = False,
-) -> None:
-    """Build an n-gram draft (`draft=ngram:DIR`) from the target's own greedy continuations of held-in prompts."""
-    from zoo.ngram import make_draft
-
-    settings = load_settings(device, dtype, use_kernels)
-    with progress("continuing prompts") as tick:
-        emit(make_draft(model, out, prompts, new_tokens, max_prompts, settings, tick), as_json)
-
-
-@app.command("train-head")
-@cli_errors
-def train_head(
-    model: Annotated[str, typer.Argument(help="The target whose hidden states the head learns to predict.")],
-    out: OutOpt,
-    prompts: PromptsOpt = None,
-    steps: Annotated[int, typer.Option(help="Training steps (8 windows of 192 tokens each).")] = 700,
-    vocab_top: Annotated[int, typer.Option(help="Output vocabulary: the target's commonest tokens (0: all).")] = 8192,
-    new_tokens: NewTokensOpt = 160,
-    max_prompts: Annotated[Optional[int], typer.Option(help="Continue at most this many prompts.")] = None,
-    kind: Annotated[str, typer.Option(help="eagle (one layer over the last hidden state), eagle3 (over three "
-                                           "layers' states, 3 unrolled steps, speculators' layout) or medusa (heads "
-                                           "predicting t+2.., FasterDecoding/Medusa's layout).")] = "eagle",
-    medusa_heads: Annotated[int, typer.Option(help="--kind medusa: how many heads (draft depth).")] = 4,
-    unroll: Annotated[int, typer.Option(help="Steps trained in a row on the head's own features (eagle3: at "
-                                              "least 3).")] = 2,
-    text: Annotated[Optional[str], typer.Option(help="Also read this text teacher-forced: 'python' (its standard "
-                                                    "library's sources), a text file or a folder of them.")] = None,
-    text_tokens: Annotated[int, typer.Option(help="--text: how many of its tokens.")] = 0,
-    device: DeviceOpt = None, dtype: DtypeOpt = "auto", as_json: JsonOpt = False,
-) -> None:
-    """Train an EAGLE-style head (`draft=eagle:DIR`: EAGLE-1 or EAGLE-3) or Medusa heads (`draft=medusa:DIR`) on the
-    target's own text and hidden states; rerun to resume."""
-    from zoo.train_head import HeadTraining
-    from zoo.train_head import train_head as run
-
-    settings = HeadTraining(prompts, max_prompts, new_tokens, vocab_top=vocab_top, steps=steps, kind=kind,
-                            medusa_heads=medusa_heads, unroll=unroll, text=text,
-                            text_tokens=text_tokens)
-    with progress("continuing prompts, then training") as tick:
-        emit(run(model, out, settings, load_settings(device, dtype, False, kernels="plain"), tick), as_json)
-
-
-@app.command()
-@cli_errors
-def export(
-    head: Annotated[Path, typer.Argument(help="An EAGLE head directory (zoo train-head's, the EAGLE repository's or "
-                                              "speculators').")],
-    to: Annotated[str, typer.Option("--to", help="The server that loads it: vllm or sglang.")],
-    out: OutOpt,
-    as_json: JsonOpt = False,
-) -> None:
-    """Write an EAGLE head as a server loads it, as it is (and what serves it there)."""
-    from zoo.export import export_head
-
-    result = export_head(head, to, out)
-    if as_json:
-        return emit(result.to_json(), True)
-    serve = (f"speculative_config={json.dumps(result.serve)}" if to == "vllm"
-             else " ".join(f"--{k} {v}" for k, v in result.serve.items()))
-    typer.echo(f"{result.method} head for {to} written to {result.path}; serve it with {serve}")
-    for note in result.notes:
-        typer.echo(f"note: {note}")
+for _name, _command in cli_build.COMMANDS.items():  # pull, prune, ngram, train-head, export
+    app.command(_name)(_command)
 
 
 @app.command()
@@ -251,24 +145,30 @@ def validate(
 plot: PlotOpt = Path("validation.png"),
     kernels: KernelsOpt = "onednn",
     device: DeviceOpt = None, dtype: DtypeOpt = "auto", use_kernels: UseKernelsOpt = False,
+    quick: Annotated[bool, typer.Option("--quick", help="A first look in a few minutes: 1 prompt, γ 2, 1 repeat, "
+                                        "32 tokens (overrides those options).")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Check the analytical model: predict the speedup over plain decoding (and tokens/s) from a profile per
-    context bucket and repeat and the runs' counts, then measure (default drafts: prompt-lookup and layers:0-4; --grid: drafts x γ 1-4 x both tasks)."""
+    context bucket and repeat and the runs' counts, then measure (default drafts: prompt-lookup and layers:0-4;
+    --grid: drafts x γ 1-4 x both tasks). It says up front how much it will generate."""
     from zoo import validate as validation
 
+    if quick:
+        prompts, gamma, repeats, max_new_tokens = 1, "2", 1, 32
     tasks, drafts, gammas = validation.configurations(task, drafts, parse_positive_ints(gamma), grid)
+    typer.echo(validation.workload(drafts, tasks, gammas, prompts, repeats, max_new_tokens, dynamic or grid), err=True)
     with progress("profiling, then measuring") as tick:
         result = validation.run(target, drafts, tasks, prompts, gammas, repeats, max_new_tokens, plot,
                                 load_settings(device, dtype, use_kernels, kernels), dynamic or grid, tick)
     if as_json:
         return emit(result.to_json()["rows"], True)
-    typer.echo(f"target {target} on {result.hardware}: {prompts} prompts × {max_new_tokens} tokens, "
-               f"{repeats} repeats (medians; min–max over repeats)")
+    typer.echo(f"target {target} on {result.hardware}:\n  {prompts} prompts × {max_new_tokens} tokens, "
+               f"{repeats} repeats (medians; min–max over repeats; tokens/s in --json)")
     emit(validation.table_rows(result), False)
     tps_median, tps_max = result.tokens_per_second_deviations
     typer.echo(f"|speedup deviation|: median {result.median_abs_deviation:.1%}, p90 {result.p90_abs_deviation:.1%}, "
-               f"max {result.max_abs_deviation:.1%} (tokens/s: median {tps_median:.1%}, max {tps_max:.1%}); "
+               f"max {result.max_abs_deviation:.1%} (tokens/s: median {tps_median:.1%}, max {tps_max:.1%})\n"
                f"plot written to {plot}")
 
 
