@@ -285,13 +285,10 @@ def steady_steps(check: Check) -> None:
     median, max/median (stalls at new lengths show as the max) and verification / plain step."""
     from specdraft_eval.engine import graphs
     from specdraft_eval.engine.drafter import Proposal
-    from specdraft_eval.engine.loop import prefill
-    from specdraft_eval.engine.sampling import Sampler
-    from specdraft_eval.engine.verify import verify_step
-    from specdraft_eval.measure.timers import clock
+    from specdraft_eval.engine.probe import StepProbe
     from zoo.timing import context_tokens
 
-    target, sampler, steps = check.target(), Sampler(), check.args.steady_steps
+    target, steps = check.target(), check.args.steady_steps
     runtimes = {"eager": (False, False), "static cache": (True, False), "compiled": (True, True)}
     if check.small:  # inductor's C++ build of 32 layers takes over a minute on 2 cores: tests/test_static.py covers it
         del runtimes["compiled"]
@@ -299,21 +296,15 @@ def steady_steps(check: Check) -> None:
     for runtime, (static, compiled) in runtimes.items():
         tokens = context_tokens(128, target.config.vocab_size)
         engine = graphs.runtime(target, len(tokens) + steps + 8 + 5, compiled) if static else None
-        cache = prefill(target, [tokens], engine.cache(1) if engine else None)
-        warm_up = engine.warm_up(cache, range(1, 6)) if engine else 0.0  # widths 1 and 5, compiled (graphs captured)
-        cache.step = engine.step if engine else None
-        compiles = graphs.compiled_graphs()
+        probe = StepProbe(target, tokens, runtime=engine, widths=range(1, 6))  # widths 1 and 5 warmed up
+        warm_up, compiles = probe.warm_up_seconds, graphs.compiled_graphs()
         times: dict[int, list[float]] = {0: [], 4: []}
         for step in range(8 + steps):  # 8 untimed steps more, then the timed ones
-            for k in (4, 0):  # verification of 4 tokens, rolled back; then the plain step that grows the cache
-                start = clock(target.device)
-                [(_, token)] = verify_step(target, cache, [tokens], [Proposal([tokens[-1]] * k)], [sampler])
-                seconds = clock(target.device) - start
-                if k:
-                    cache.rollback(len(tokens) - 1)
-                if step >= 8:
-                    times[k].append(seconds * 1000)
-            tokens.append(token)
+            verify = probe.verify(Proposal([probe.tokens[-1]] * 4))  # 4 tokens, rolled back
+            plain = probe.advance()  # the plain step that grows the cache
+            if step >= 8:
+                times[4].append(verify * 1000)
+                times[0].append(plain * 1000)
         plain, verify = times[0], times[4]
         rows.append({"runtime": runtime, "steps": steps, "plain_ms_median": statistics.median(plain),
                      "plain_max_over_median": max(plain) / statistics.median(plain),

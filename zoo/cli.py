@@ -28,7 +28,8 @@ TaskText = "Bundled task whose prompts to use (specdec_humaneval, specdec_mmlu_c
 @app.command("list")
 @cli_errors
 def list_drafts(
-    target: Annotated[Optional[str], typer.Option("--target", "-t", help="Only drafts whose tokenizer fits this target.")] = None,
+    target: Annotated[Optional[str], typer.Option("--target", "-t", help="Only drafts whose tokenizer fits this "
+                                                                         "target.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Show the catalog of known drafts, by target family, and the draft kinds."""
@@ -240,7 +241,8 @@ def recommend(
 @cli_errors
 def samples(
     paths: Annotated[list[Path], typer.Argument(help="samples_*.jsonl files or folders lm_eval --log_samples wrote.")],
-    by: Annotated[str, typer.Option("--by", help="task, correct (the task's metric > 0) or a document field.")] = "task",
+    by: Annotated[str, typer.Option("--by", help="task, correct (the task's metric > 0) or a document "
+                                    "field.")] = "task",
     as_json: JsonOpt = False,
 ) -> None:
     """Acceptance and speedup per group of requests, from each request's own figures in a specdec run's samples."""

@@ -20,10 +20,12 @@ TaskText = "Bundled task whose prompts to use (specdec_humaneval, specdec_mmlu_c
 def pull(
     name: Annotated[str, typer.Argument(help="Catalog name or hub id (org/name).")],
     revision: Annotated[Optional[str], typer.Option(help="Branch, tag or commit.")] = None,
-    target: Annotated[Optional[str], typer.Option("--target", "-t", help="Check the draft's tokenizer against this target.")] = None,
+    target: Annotated[Optional[str], typer.Option("--target", "-t", help="Check the draft's tokenizer against this "
+                                                                         "target.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Download a draft into the Hugging Face cache (interrupted: keeps whole files only; offline: answer from the cache)."""
+    """Download a draft into the Hugging Face cache (interrupted: keeps whole files only; offline: answer from the
+    cache)."""
     from zoo.pull import pull as do_pull
 
     emit(do_pull(name, revision, target), as_json)

@@ -43,15 +43,18 @@ DtypeOpt = Annotated[str, typer.Option(help="Weights' dtype: auto (bfloat16 on a
                                        "bfloat16 or float16.")]
 UseKernelsOpt = Annotated[bool, typer.Option("--use-kernels", help="Let transformers fetch its hub kernels (needs "
                                              "the network; off by default).")]
-ContextOpt = Annotated[int, typer.Option(help="With a named GPU: the context (tokens in the KV cache) each step reads.")]
+ContextOpt = Annotated[int, typer.Option(help="With a named GPU: the context (tokens in the KV cache) each step "
+                                              "reads.")]
 GridOpt = Annotated[bool, typer.Option("--grid", help="Every draft (default: prompt-lookup, layers:0-4 and their "
                                       "composite) at γ 1-4, fixed and dynamic, on both bundled tasks.")]
 DynamicOpt = Annotated[bool, typer.Option("--dynamic", help="Also run every draft and γ with dynamic γ.")]
 CompileOpt = Annotated[bool, typer.Option("--compile", help="Also run every configuration compiled, beside the eager "
-                                          "ones: ours with compile=true, transformers' generate with its static cache and "
+                                          "ones: ours with compile=true, transformers' generate with its static "
+                                          "cache and "
                                           "compile (plain kernels; CUDA graphs on a GPU); warm-up seconds and graphs "
                                           "compiled in timed runs apart.")]
-KernelsOpt = Annotated[str, typer.Option(help="Linear-layer kernels: onednn (weights pre-packed once, CPU float32/bfloat16; "
+KernelsOpt = Annotated[str, typer.Option(help="Linear-layer kernels: onednn (weights pre-packed once, CPU "
+                                              "float32/bfloat16; "
                                           "what lm_eval --model specdec uses by default) or plain (PyTorch's own).")]
 LayersOpt = Annotated[Optional[int], typer.Option("--layers", "-n", help="Number of decoder layers to keep.")]
 KeepOpt = Annotated[Optional[str], typer.Option("--keep", help="Exact layers to keep, e.g. 0,1,2,3,29 or 0-3,29.")]
@@ -62,7 +65,8 @@ DistillOpt = Annotated[int, typer.Option(help="Distil from the source model on t
 OnPolicyOpt = Annotated[bool, typer.Option(help="Distil on text the source model generates itself (slower).")]
 VocabTopOpt = Annotated[Optional[int], typer.Option(help="Give the draft a reduced output head over the K most "
                                                      "frequent calibration tokens (draft-side only).")]
-ProfileOutOpt = Annotated[Optional[Path], typer.Option(help="Profile file (default: in the cache, reused by rank); with "
+ProfileOutOpt = Annotated[Optional[Path], typer.Option(help="Profile file (default: in the cache, reused by rank); "
+                                                            "with "
                                                 "--sweep: a file for the sweep and its fit (zoo leaderboard reads "
                                                 "sweep*.json files beside results).")]
 SweepOpt = Annotated[bool, typer.Option(help="Instead: latency vs depth and width of random-weight models, and a "
@@ -71,7 +75,8 @@ CalibrateOpt = Annotated[Optional[str], typer.Option(help="With --sweep: store t
                                                      "GPU name, which `zoo rank --gpu NAME` then uses.")]
 GpuOpt = Annotated[str, typer.Option(help="'this' (measure this machine) or a GPU name: a100-40gb, a100-80gb (or "
                                      "a100), h100, h200, l4, a10g, rtx-4090, cpu, or one you calibrated.")]
-RankGammaOpt = Annotated[Optional[str], typer.Option(help="Comma-separated γ values to rank; default: every γ up to the "
+RankGammaOpt = Annotated[Optional[str], typer.Option(help="Comma-separated γ values to rank; default: every γ up to "
+                                                          "the "
                                                  "largest in the results (smaller ones estimated), or 1,2,4,8.")]
 RuntimeOpt = Annotated[str, typer.Option(help="With a named GPU: eager (PyTorch eager, as this engine) or "
                                          "cuda-graphs (torch.compile / graph replay).")]

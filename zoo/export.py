@@ -71,7 +71,8 @@ def export_head(head: Path, to: str, out: Path) -> Export:
     written, state, files, notes = (vllm_layout if to == "vllm" else sglang_layout)(head, config, state, meta, variant)
     _write(out, state, written, files)
     draft = f"eagle:{out.resolve()}"
-    serve = speculative_config(draft, proposal_depth(written)) if to == "vllm" else sglang_args(draft, proposal_depth(written))
+    depth = proposal_depth(written)
+    serve = speculative_config(draft, depth) if to == "vllm" else sglang_args(draft, depth)
     return Export(str(out.resolve()), to, EAGLE3 if variant == EAGLE3 else "eagle", serve, notes)
 
 

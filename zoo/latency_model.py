@@ -1,8 +1,8 @@
 """Batch-1 latency model for named accelerators: a fixed cost per step and per layer, and the roofline.
 
     fixed(model)    = step_ms(gpu, runtime) + layers × layer_ms(gpu, runtime)
-    roofline(model) = max((weight bytes + KV-cache bytes read at the context) / bandwidth, 2 × parameters × tokens / peak)
-    t = max(fixed, roofline)   where the runtime is host-bound (PyTorch eager on a GPU: the host launches kernels
+    roofline(model) = max((weight bytes + KV-cache bytes read at the context) / bandwidth, 2 × parameters × tokens /
+    peak) t = max(fixed, roofline)   where the runtime is host-bound (PyTorch eager on a GPU: the host launches kernels
                                 while the GPU reads weights, so the longer of the two sets the pace)
     t = fixed + roofline       otherwise (CUDA graphs: what is left per layer is GPU time; the CPU: one device)
 
@@ -162,7 +162,8 @@ class Shape:
 def shape_from_config(config) -> Shape:
     """A :class:`Shape` from a transformers config (object or dict), counting parameters as Llama-style models
     have them when the config does not say (q, k, v, o projections, a gated MLP, norms, embeddings, head)."""
-    get = (lambda k, d=None: config.get(k, d)) if isinstance(config, dict) else (lambda k, d=None: getattr(config, k, d))
+    def get(key, default=None):
+        return config.get(key, default) if isinstance(config, dict) else getattr(config, key, default)
     try:
         layers, hidden = int(get("num_hidden_layers")), int(get("hidden_size"))
         heads = int(get("num_attention_heads"))

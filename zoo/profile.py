@@ -95,7 +95,8 @@ def profile_target(target_name: str, drafts: list[str], gammas: list[int], conte
 
 def table_rows(profile: Profile) -> tuple[list[dict], list[dict]]:
     """The profile as two text tables: verification by draft length, then the drafts."""
-    return ([{"draft tokens k": k, "t_verify_ms": s.median, "min–max": str(s)} for k, s in sorted(profile.t_verify.items())],
+    verify = sorted(profile.t_verify.items())
+    return ([{"draft tokens k": k, "t_verify_ms": s.median, "min–max": str(s)} for k, s in verify],
             [{"draft": d, "t_draft_ms": f.t_draft_ms, "min–max": str(f.t_draft),
               "draft_prefill_ms_per_token": f.draft_prefill_ms_per_token, "parameters_m": f.parameters_m,
               "kv_bytes_per_token": f.kv_bytes_per_token} for d, f in profile.drafts.items()])

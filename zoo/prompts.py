@@ -24,7 +24,9 @@ def load_prompts(task: str | None, prompts_file: Path | None, limit: int) -> lis
     except OSError as exc:
         raise SpecdecError(f"cannot read --prompts {prompts_file}: {exc.strerror}; give a JSON or JSONL file") from None
     try:
-        items = json.loads(text) if text.lstrip().startswith("[") else [json.loads(l) for l in text.splitlines() if l.strip()]
+        lines = [json.loads(line) for line in text.splitlines() if line.strip()] if not text.lstrip().startswith("[") \
+            else None
+        items = json.loads(text) if lines is None else lines
     except ValueError as exc:
         raise SpecdecError(f"--prompts {prompts_file} is not JSON/JSONL ({exc}); use a list of strings or "
                            'lines such as {"prompt": "..."}') from None
@@ -35,7 +37,8 @@ def load_prompts(task: str | None, prompts_file: Path | None, limit: int) -> lis
 
 
 def check_positive(**counts: int) -> None:
-    """A one-line error for the first count below 1, named as its option (``max_new_tokens`` -> ``--max-new-tokens``)."""
+    """A one-line error for the first count below 1, named as its option (``max_new_tokens`` ->
+    ``--max-new-tokens``)."""
     for name, value in counts.items():
         if value < 1:
             raise SpecdecError(f"--{name.replace('_', '-')} {value} must be >= 1")

@@ -49,7 +49,8 @@ def calibration_texts(spec: str | None) -> list[str]:
         try:
             text = Path(spec).read_text(encoding="utf-8", errors="replace")
         except OSError as exc:
-            raise SpecdecError(f"cannot read calibration file {spec}: {exc.strerror or exc}; give a readable text file") from None
+            raise SpecdecError(f"cannot read calibration file {spec}: {exc.strerror or exc}; give a readable text "
+                               "file") from None
         if not text.strip():
             raise SpecdecError(f"calibration file {spec} is empty: give text to calibrate on")
         return [text]

@@ -66,11 +66,13 @@ def pull(name: str, revision: str | None = None, target: str | None = None) -> d
         _remove_partial_files(repo_id, before)
         raise
     except (RepositoryNotFoundError, RevisionNotFoundError) as exc:
-        raise SpecdecError(f"{repo_id}{'@' + revision if revision else ''} is not on the hub: check the name and revision") from exc
+        raise SpecdecError(f"{repo_id}{'@' + revision if revision else ''} is not on the hub: check the name and "
+                           "revision") from exc
     except LocalEntryNotFoundError as exc:
         offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false")
         why = "HF_HUB_OFFLINE is set" if offline else "the hub cannot be reached"
-        raise SpecdecError(f"{repo_id} is not in the Hugging Face cache and {why}: pull it where the hub is reachable") from exc
+        raise SpecdecError(f"{repo_id} is not in the Hugging Face cache and {why}: pull it where the hub is "
+                           "reachable") from exc
     except HFValidationError as exc:
         raise SpecdecError(f"bad hub id {repo_id!r}: use org/name") from exc
     except OSError as exc:

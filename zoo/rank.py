@@ -53,7 +53,8 @@ def tree_depth(draft: str) -> int | None:
     return next((d for d in depths if d), None)
 
 
-def tar_from_results(files: list[ResultsFile], target: str, task: str, draft: str) -> tuple[dict[int, float], dict[int, str]]:
+def tar_from_results(files: list[ResultsFile], target: str, task: str,
+                     draft: str) -> tuple[dict[int, float], dict[int, str]]:
     """TAR per γ for ``draft`` on ``task`` from fixed-γ records: records at the same γ merged (counts summed),
     and every smaller γ not run estimated from the nearest larger γ's acceptance histogram."""
     merged: dict[int, GenerationStats] = {}
@@ -78,7 +79,8 @@ def tar_from_results(files: list[ResultsFile], target: str, task: str, draft: st
     return tar, source
 
 
-def measure(target, drafter, prompts: list[list[int]], gammas: list[int], max_new_tokens: int) -> dict[int, GenerationStats]:
+def measure(target, drafter, prompts: list[list[int]], gammas: list[int],
+            max_new_tokens: int) -> dict[int, GenerationStats]:
     """Run the engine on ``prompts`` at each γ; the stats give TAR and measured tokens/s."""
     from specdraft_eval.engine.loop import speculative_generate
 
@@ -158,7 +160,8 @@ def table_rows(result: RankResult, verbose: bool = False) -> list[dict]:
     it, folders are dropped: ``eagle:leaderboard/drafts/h`` shows as ``eagle:h``; ``--json`` has everything)."""
     rows = []
     for r in result.rows:
-        row = {"draft": r.draft if verbose else re.sub(r"[^|:@]*/", "", r.draft), "γ": r.best_gamma, "pred tok/s": r.predicted_tokens_per_second,
+        row = {"draft": r.draft if verbose else re.sub(r"[^|:@]*/", "", r.draft), "γ": r.best_gamma,
+               "pred tok/s": r.predicted_tokens_per_second,
                "tok/s here": r.measured_tokens_per_second, "speedup": r.speedup, "TAR": r.tar,
                "draft ms": r.draft_ms_per_token}
         if verbose:

@@ -60,7 +60,8 @@ def run_rank(target_name: str, options: RankOptions = RankOptions(),
     run), or 1, 2, 4, 8.
     """
     gpu, task, n_measure, drafts, gammas = options.gpu, options.task, options.measure, options.drafts, options.gammas
-    results, max_new_tokens, runtime, context = options.results, options.max_new_tokens, options.runtime, options.context
+    results, max_new_tokens = options.results, options.max_new_tokens
+    runtime, context = options.runtime, options.context
     if n_measure < 0 or context < 0:
         raise SpecdecError(f"--measure {n_measure} and --context {context} must be >= 0")
     if options.gpus < 1 or (options.gpus > 1 and gpu == "this"):

@@ -9,7 +9,6 @@ from pathlib import Path
 import torch
 
 from specdraft_eval.engine.drafter import Proposal, static_tree, tree_parents
-from specdraft_eval.engine.sampling import Sampler
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.measure.environment import ModelFacts, hardware
 from specdraft_eval.measure.profiles import (
@@ -42,69 +41,40 @@ def filler(token: int, nodes: int, tree: bool) -> Proposal:
 @torch.inference_mode()
 def engine_latency(target, drafters: list, gammas: list[int], prompts: list[list[int]],
                    steps: int, trees: bool = False) -> tuple[dict[int, Spread], dict[str, DraftTiming]]:
-    """Latencies as a generation experiences them, on the engine's own code and clock.
+    """Latencies as a generation experiences them, on the engine's own code and clock
+    (:class:`~specdraft_eval.engine.probe.StepProbe`).
 
     For each prompt: prefill the target as the engine does, then for ``steps`` steps (after a warm-up) on a
     cache that grows by the target's own next token each step: time each draft's ``propose`` at every γ and
-    the target's :func:`~specdraft_eval.engine.loop.verify_step` of k = max(γ)..0 draft tokens, rolling the cache
-    back after each, exactly as a speculative step does. Returns spreads of ``t_verify`` per k, and per draft
+    the target's verification of k = max(γ)..1 draft tokens, rolling the cache back after each, exactly as a
+    speculative step does, then its plain step (k = 0). Returns spreads of ``t_verify`` per k, and per draft
     its :class:`DraftTiming` (``t_draft`` per drafted token, ``draft_prefill_ms_per_token``: its
-    :meth:`~specdraft_eval.engine.drafter.Drafter.catch_up` on a prompt, per position read). ``trees``: verify k-node token trees (:func:`filler`) instead of chains.
+    :meth:`~specdraft_eval.engine.drafter.Drafter.catch_up` on a prompt, per position read). ``trees``: verify k-node
+    token trees (:func:`filler`) instead of chains.
     """
-    from specdraft_eval.engine.loop import prefill
-    from specdraft_eval.engine.taps import FeatureTap
-    from specdraft_eval.engine.verify import verify_step
-    from specdraft_eval.measure.timers import clock
+    from specdraft_eval.engine.probe import StepProbe
 
-    device, sampler = target.device, Sampler()
     verify: dict[int, list[float]] = {k: [] for k in range(max(gammas, default=0) + 1)}
     per_token = {d.name: [] for d in drafters}
     per_call = {d.name: [] for d in drafters}  # calls that drafted nothing (prompt lookup without a match)
     first_read = {d.name: [] for d in drafters}  # seconds per position of a draft's catch-up on each prompt
-    reading = [d for d in drafters if d.taps]  # heads fed the target's features of every kept position
-    if len({d.taps for d in reading}) > 1:
-        raise SpecdecError("profile heads that read different hidden states of the target one at a time")
-    tap = FeatureTap(target, reading[0].taps) if reading else None
-    try:
-        for prompt in prompts:
-            tokens = list(prompt)
-            cache = prefill(target, [tokens])
-            prefilled = tap.take() if tap else None  # [1, prompt - 1, features]
+    for prompt in prompts:
+        with StepProbe(target, prompt, drafters) as probe:
             for drafter in drafters:
-                drafter.reset()
-                if prefilled is not None and drafter.taps:
-                    drafter.observe(prefilled[0])
-                start = clock(device)
-                read = drafter.catch_up(tokens)  # the draft's prefill, as the engine times it
-                if read:
-                    first_read[drafter.name].append((clock(device) - start) / read)
+                read = probe.catch_up(drafter)
+                if read is not None:
+                    first_read[drafter.name].append(read)
             for step in range(WARMUP_STEPS + steps):
                 timed = step >= WARMUP_STEPS
                 for drafter in drafters:
                     for gamma in gammas:
-                        start = clock(device)
-                        proposal = drafter.propose(tokens, gamma, sampler)
-                        seconds = clock(device) - start
+                        seconds, k = probe.propose(drafter, gamma)
                         if timed:
-                            k = len(proposal.tokens)
                             (per_token[drafter.name] if k else per_call[drafter.name]).append(seconds / max(k, 1))
                 for k in sorted(verify, reverse=True):  # k = 0 last: it leaves the cache one token longer
-                    start = clock(device)
-                    [(_, next_token)] = verify_step(target, cache, [tokens], [filler(tokens[-1], k, trees)],
-                                                    [sampler])
-                    seconds = clock(device) - start
-                    features = tap.take() if tap else None
-                    if k:
-                        cache.rollback(len(tokens) - 1)
-                    elif features is not None:
-                        for drafter in reading:
-                            drafter.observe(features[0, :1])
+                    seconds = probe.verify(filler(probe.tokens[-1], k, trees)) if k else probe.advance()
                     if timed:
                         verify[k].append(seconds)
-                tokens.append(next_token)
-    finally:
-        if tap:
-            tap.close()
     drafts = {}
     for drafter in drafters:
         draft = Spread.of_seconds(per_token[drafter.name] or per_call[drafter.name])

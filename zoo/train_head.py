@@ -83,7 +83,8 @@ class HeadTraining:
     kind: str = "eagle"  # or "medusa"
     medusa_heads: int = 4
     medusa_layers: int = 1
-    text: str | None = None  # text read teacher-forced besides the generations: "python" (its standard library) or a path
+    # text read teacher-forced besides the generations: "python" (its standard library) or a path
+    text: str | None = None
     text_tokens: int = 0  # how many tokens of it (0: none)
 
     @property
@@ -110,7 +111,8 @@ class HeadTraining:
         if not 0 <= self.lr < 1:
             raise SpecdecError(f"--lr {self.lr} must lie in [0, 1)")
         if self.text_tokens < 0 or (self.text_tokens > 0) != (self.text is not None):
-            raise SpecdecError("--text and --text-tokens go together: --text python (or a folder or file) --text-tokens N")
+            raise SpecdecError("--text and --text-tokens go together: --text python (or a folder or file) "
+                               "--text-tokens N")
         if self.kind not in KINDS:
             raise SpecdecError(f"--kind {self.kind!r}: use one of {', '.join(KINDS)}")
         if self.medusa and (self.medusa_heads < 1 or self.medusa_layers < 0 or self.window <= self.medusa_heads + 1):
@@ -127,7 +129,8 @@ def generations(target, tokenizer, texts: list[str], settings: HeadTraining, tic
     sequences, features, generated = [], [], 0
     tap = FeatureTap(target, taps, history=True)
     try:
-        for rows, continued in generate_batches(target, tokenizer, texts, settings.new_tokens, context=settings.context):
+        batches = generate_batches(target, tokenizer, texts, settings.new_tokens, context=settings.context)
+        for rows, continued in batches:
             prefill, *steps = tap.passes()  # [B, width, H], then [B, 1, H] per decoding step
             width = prefill.shape[1]
             for i, (prompt, new) in enumerate(zip(rows, continued, strict=True)):
@@ -440,8 +443,8 @@ def train_head(model: str, out: Path, settings: HeadTraining = HeadTraining(), l
     with atomic_output(out, directory=True) as tmp:
         recipe.save(tmp, meta)
     shutil.rmtree(work.path, ignore_errors=True)
-    return {"out": str(out), "draft": f"{'medusa' if settings.medusa else 'eagle'}:{out}", "parameters": sum(p.numel() for p in trainable),
-            **meta["training"]}
+    return {"out": str(out), "draft": f"{'medusa' if settings.medusa else 'eagle'}:{out}",
+            "parameters": sum(p.numel() for p in trainable), **meta["training"]}
 
 
 @dataclass
@@ -466,7 +469,8 @@ def _recipe(target, model: str, settings: HeadTraining, token_ids: list[int] | N
         head = new_eagle3_head(target, token_ids, settings.seed).float()
         rows = kernels.output_weight(target).float()
         rows = rows[torch.as_tensor(token_ids, device=rows.device)] if token_ids else rows  # [head vocab, H]
-        return _Recipe(head, lambda ids, feats, noise=True: eagle3_losses(head, embed, rows, ids, feats, settings, noise),
+        return _Recipe(head,
+                       lambda ids, feats, noise=True: eagle3_losses(head, embed, rows, ids, feats, settings, noise),
                        lambda tmp, meta: save_eagle3(tmp, head, model, {**meta, "training": {
                            **meta["training"], "unroll": settings.unrolled}}), settings.unrolled + 1)
     head = new_head(target, token_ids, settings.seed).float()

@@ -65,7 +65,8 @@ def _draft_vocab(spec: str) -> list[int] | None:
     try:
         ids = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        raise SpecdecError(f"draft {spec!r}: unreadable {DRAFT_VOCAB_FILE} ({exc}); rebuild it with zoo prune") from None
+        raise SpecdecError(f"draft {spec!r}: unreadable {DRAFT_VOCAB_FILE} ({exc}); rebuild it with zoo "
+                           "prune") from None
     if not isinstance(ids, list) or not ids or not all(isinstance(i, int) for i in ids):
         raise SpecdecError(f"draft {spec!r}: {DRAFT_VOCAB_FILE} must be a non-empty list of token ids")
     return ids

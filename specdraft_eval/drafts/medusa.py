@@ -167,7 +167,8 @@ def read_heads(directory: Path) -> tuple[MedusaHeads, dict]:
             raise SpecdecError(f"Medusa heads {directory}: head {i}'s {layers} ResBlocks differ; we read one block "
                                "applied L times (FasterDecoding/Medusa's): use heads trained that way")
         weights[f"blocks.{i}.weight"] = state[slots[0] + "weight"] if layers else torch.zeros(hidden, hidden)
-        weights[f"blocks.{i}.bias"] = state.get(slots[0] + "bias", torch.zeros(hidden)) if layers else torch.zeros(hidden)
+        bias = state.get(slots[0] + "bias", torch.zeros(hidden)) if layers else torch.zeros(hidden)
+        weights[f"blocks.{i}.bias"] = bias
         rows_i = state[out.format(i=i)]
         weights[f"out.{i}.weight"] = rows_i[token_map] if token_map is not None and len(rows_i) == vocab else rows_i
     if token_map is not None:
@@ -188,7 +189,8 @@ def _token_map(directory: Path, config: dict, state: dict) -> tuple[torch.Tensor
         return None, vocab
     if mapped is None or tuple(mapped.shape) != (truncated,) or mapped.is_floating_point():
         raise SpecdecError(f"Medusa heads {directory}: truncated_vocab_size {truncated} below vocab_size {vocab} "
-                           f"needs a token_map of {truncated} token ids in the weights (vLLM's reduced vocabulary): add "
+                           f"needs a token_map of {truncated} token ids in the weights (vLLM's reduced vocabulary): "
+                           "add "
                            "it or drop truncated_vocab_size")
     if int(mapped.min()) < 0 or int(mapped.max()) >= vocab:
         raise SpecdecError(f"Medusa heads {directory}: token_map names tokens outside the vocabulary of {vocab}: use "

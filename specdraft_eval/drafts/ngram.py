@@ -42,7 +42,8 @@ def load_continuations(directory: Path, tokenizer) -> list[list[int]]:
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
-        raise SpecdecError(f"{path} not found: build an n-gram draft with `zoo ngram TARGET --out {directory}`") from None
+        raise SpecdecError(f"{path} not found: build an n-gram draft with `zoo ngram TARGET --out "
+                           f"{directory}`") from None
     except (OSError, ValueError) as exc:
         raise SpecdecError(f"cannot read n-gram draft {path} ({exc}): rebuild it with `zoo ngram`") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:

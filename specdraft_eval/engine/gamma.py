@@ -13,8 +13,8 @@ steps one γ = 1 step re-measures α, and each probe that is rejected doubles th
 ``max_probe_every``), so a hopeless draft costs a fraction of a percent. One controller may serve every
 generation of a run (``speculative_generate(..., gamma_controller=...)``): what it learnt about the draft
 carries over instead of being paid for again at the start of each request. Unmeasured verify sizes are
-estimated from the measured ones (optimistically, so larger γ gets tried), and γ grows by at most 2 beyond the largest size
-measured, so it only climbs while the measurements say it pays.
+estimated from the measured ones (optimistically, so larger γ gets tried), and γ grows by at most 2 beyond the largest
+size measured, so it only climbs while the measurements say it pays.
 """
 
 from __future__ import annotations

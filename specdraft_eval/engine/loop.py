@@ -185,7 +185,8 @@ def _decode(target, draft: Drafter, prompts: list[list[int]], params: DecodePara
         cache = prefill(target, prompts, static.cache(len(prompts)) if static else None)
         cache.always_masked |= static is not None and draft.drafts_trees  # a tree's path leaves holes: one input form
         prefilled = tap.take() if tap else None  # [rows, longest prompt - 1, features]
-        warm_up = (static.warm_up(cache, range(1, controller.max_gamma + 2), draft.drafts_trees)  # before any timed step
+        # before any timed step
+        warm_up = (static.warm_up(cache, range(1, controller.max_gamma + 2), draft.drafts_trees)
                    if static else 0.0)
         if tap:
             tap.take()  # the warm-up's features: nobody's
@@ -236,21 +237,23 @@ def speculative_generate_batch(target, draft: Drafter, prompts: Sequence, params
     if params.max_new_tokens == 0:
         alone = [GenerationStats(generations=1, prompt_tokens=len(c)) for c in checked]
         return [[] for _ in prompts], sum(alone, GenerationStats(per_request=alone))
-    return _decode(target, draft, checked, params, run, controller=gamma_controller or run.gamma.controller(), stops=list(stops) if stops is not None else [None] * len(prompts),
-                   )
+    rows_stops = list(stops) if stops is not None else [None] * len(prompts)
+    return _decode(target, draft, checked, params, run, stops=rows_stops,
+                   controller=gamma_controller or run.gamma.controller())
 
 
 def speculative_generate(target, draft: Drafter, input_ids, params: DecodeParams | int | None = None, *,
                          run: RunSettings | None = None, stop: StopCheck | None = None,
-                         gamma_controller: GammaController | None = None, **settings) -> tuple[list[int], GenerationStats]:
+                         gamma_controller: GammaController | None = None,
+                         **settings) -> tuple[list[int], GenerationStats]:
     """Generate up to ``max_new_tokens`` tokens after ``input_ids`` with ``target``, drafting with ``draft``.
 
     ``params`` is a :class:`DecodeParams`, or the token budget with its other fields as keywords, beside the run's
-    :class:`RunSettings` or its fields as keywords (``speculative_generate(target, draft, ids, 64, num_draft_tokens=4)``). Returns the new token ids (ending at
-    EOS if one was produced) and the run's :class:`GenerationStats`. ``dynamic_gamma`` lets
-    :class:`~specdraft_eval.engine.gamma.GammaController` choose γ each step (0 to 4×``num_draft_tokens``) from this
-    generation's measured latencies and acceptance; pass the same ``gamma_controller`` to every generation of a
-    run to let it learn from all of them (implies dynamic γ).
+    :class:`RunSettings` or its fields as keywords (``speculative_generate(target, draft, ids, 64,
+    num_draft_tokens=4)``). Returns the new token ids (ending at EOS if one was produced) and the run's
+    :class:`GenerationStats`. ``dynamic_gamma`` lets :class:`~specdraft_eval.engine.gamma.GammaController` choose γ each
+    step (0 to 4×``num_draft_tokens``) from this generation's measured latencies and acceptance; pass the same
+    ``gamma_controller`` to every generation of a run to let it learn from all of them (implies dynamic γ).
     """
     outputs, stats = speculative_generate_batch(target, draft, [_prompt_list(input_ids)], params, run=run,
                                                  stops=[stop], gamma_controller=gamma_controller, **settings)
@@ -263,8 +266,8 @@ def autoregressive_generate_batch(target, prompts: Sequence, params: DecodeParam
     """Plain token-by-token decoding of several prompts through the same loop, cache and timing path (the speedup
     baseline): the speculative loop with a draft that proposes nothing. Stats hold baseline tokens and seconds."""
     run = replace(RunSettings.of(run, settings), gamma=GammaPolicy(1))
-    outputs, stats = speculative_generate_batch(target, NoDraft(), prompts, DecodeParams.of(params, **settings), run=run,
-                                                stops=stops)
+    params = DecodeParams.of(params, **settings)
+    outputs, stats = speculative_generate_batch(target, NoDraft(), prompts, params, run=run, stops=stops)
     return outputs, GenerationStats(baseline_tokens=stats.generated_tokens, baseline_seconds=stats.decode_seconds,
                                     compile_seconds=stats.compile_seconds, recompiles=stats.recompiles,
                                     per_request=[GenerationStats(baseline_tokens=r.generated_tokens,

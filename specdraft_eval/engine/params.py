@@ -146,7 +146,8 @@ class DecodeParams:
         unknown = set(settings) - {f.name for f in fields(cls)}
         if unknown:
             raise SpecdecError(f"unknown generation settings {sorted(unknown)}: a request takes "
-                               f"{', '.join(f.name for f in fields(cls))}; a run takes num_draft_tokens, dynamic_gamma, "
+                               f"{', '.join(f.name for f in fields(cls))}; a run takes num_draft_tokens, "
+                               "dynamic_gamma, "
                                "static_cache, compile and capacity")
         if isinstance(params, DecodeParams):
             return replace(params, **settings) if settings else params

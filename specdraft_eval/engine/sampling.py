@@ -31,7 +31,8 @@ class Sampler:
 
     def __post_init__(self) -> None:
         if self.do_sample and not self.temperature > 0:
-            raise SpecdecError(f"temperature must be > 0 when sampling (got {self.temperature}); use do_sample=False for greedy")
+            raise SpecdecError(f"temperature must be > 0 when sampling (got {self.temperature}); use do_sample=False "
+                               "for greedy")
         if self.temperature < 0:
             raise SpecdecError(f"temperature must be >= 0 (got {self.temperature})")
         if not 0 < self.top_p <= 1:

@@ -64,8 +64,8 @@ class SpecDecLM(HFLM):
     """HFLM whose ``generate_until`` runs speculative decoding with ``draft``.
 
     model_args: ``pretrained`` (alias, directory, .gguf, hub id), ``draft`` (``prompt-lookup[:N]``,
-    ``layers:SPEC``, a draft model, ``A|B``, or ``auto``: :func:`~specdraft_eval.integration.recommend.resolve_auto`, whose
-    γ and dynamic γ apply unless given), ``num_draft_tokens`` (γ, default 4), ``dynamic_gamma``,
+    ``layers:SPEC``, a draft model, ``A|B``, or ``auto``: :func:`~specdraft_eval.integration.recommend.resolve_auto`,
+    whose γ and dynamic γ apply unless given), ``num_draft_tokens`` (γ, default 4), ``dynamic_gamma``,
     ``baseline`` (also time plain decoding of every request, for speedup), ``seed``, ``kernels`` (``onednn``:
     pre-packed CPU linears, the default; ``plain``: PyTorch's own, the default with ``compile``), ``static_cache``
     (one preallocated KV cache shape for the whole run), ``compile`` (compiled steps over it, warmed up before
@@ -84,7 +84,8 @@ class SpecDecLM(HFLM):
         except TypeError as exc:  # a model_arg neither we, lm-eval's hf model nor from_pretrained take
             if "unexpected keyword argument" not in str(exc):
                 raise
-            raise SpecdecError(f"model_args: {str(exc).split(': ', 1)[-1].strip()}: specdec takes draft, num_draft_tokens, "
+            raise SpecdecError(f"model_args: {str(exc).split(': ', 1)[-1].strip()}: specdec takes draft, "
+                               "num_draft_tokens, "
                                "dynamic_gamma, baseline, seed, kernels, use_kernels, static_cache, compile, score and "
                                "what --model hf takes") from None
         accelerator = getattr(self, "accelerator", None)

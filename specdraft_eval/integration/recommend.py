@@ -58,7 +58,8 @@ class Recommendation:
     def table_rows(self) -> list[dict]:
         """The candidates as the text table shows them."""
         return [{"draft": c.key.draft, "γ": c.key.num_draft_tokens, "dynamic γ": c.key.dynamic_gamma,
-                 "hardware": c.key.hardware, "runtime": str(c.key.runtime), "speedup by task": ", ".join(f"{t} {v:.2f}x" for t, v in sorted(c.speedup.items())),
+                 "hardware": c.key.hardware, "runtime": str(c.key.runtime),
+                 "speedup by task": ", ".join(f"{t} {v:.2f}x" for t, v in sorted(c.speedup.items())),
                  "score": c.score, "loads here": c.loadable} for c in self.candidates]
 
 

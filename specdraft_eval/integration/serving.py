@@ -1,6 +1,7 @@
-"""The serving path: our draft kinds as vLLM ``speculative_config`` dicts and SGLang server arguments, and vLLM's speculative-decoding counters
-as our :class:`~specdraft_eval.measure.stats.GenerationStats`, so the record, the leaderboard and ``zoo rank`` read a vLLM
-run unchanged. Neither needs vLLM installed (see ARCHITECTURE.md, "Beyond one machine").
+"""The serving path: our draft kinds as vLLM ``speculative_config`` dicts and SGLang server arguments, and vLLM's
+speculative-decoding counters as our :class:`~specdraft_eval.measure.stats.GenerationStats`, so the record, the
+leaderboard and ``zoo rank`` read a vLLM run unchanged. Neither needs vLLM installed (see ARCHITECTURE.md, "Beyond
+one machine").
 
 vLLM's counters (``LLM.get_metrics()`` or the Prometheus endpoint; with or without the ``vllm:`` prefix and the
 ``_total`` suffix) and what they fill:

@@ -204,7 +204,8 @@ class SweepRow:
         values = {}
         for f in fields(cls):
             value = data.get(f.name)
-            kind = {"group": str, "shape": str, "layers": int, "hidden_size": int, "weight_bytes": int}.get(f.name, float)
+            kinds = {"group": str, "shape": str, "layers": int, "hidden_size": int, "weight_bytes": int}
+            kind = kinds.get(f.name, float)
             required = f.default is MISSING
             if value is None and not required:
                 continue

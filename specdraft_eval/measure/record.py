@@ -29,7 +29,8 @@ from specdraft_eval.measure.environment import ModelFacts, hardware, versions
 from specdraft_eval.measure.stats import Divergence, GenerationStats
 
 __all__ = ["SCHEMA_VERSION", "MAX_MISMATCH_DETAILS", "RecordError", "RecordWarning", "Runtime", "RunKey",
-           "SpecdecRecord", "ResultsFile", "read_results", "scan_results", "sample_figures", "Configuration", "configurations"]
+           "SpecdecRecord", "ResultsFile", "read_results", "scan_results", "sample_figures", "Configuration",
+           "configurations"]
 
 SCHEMA_VERSION = 3
 MAX_MISMATCH_DETAILS = 100
@@ -144,7 +145,8 @@ class SpecdecRecord:
         if self.key() != other.key():
             raise SpecdecError(f"cannot merge records of different runs: {self.key()} and {other.key()}")
         tasks = sorted(set(self.per_task) | set(other.per_task))
-        per_task = {t: self.per_task.get(t, GenerationStats()) + other.per_task.get(t, GenerationStats()) for t in tasks}
+        per_task = {t: self.per_task.get(t, GenerationStats()) + other.per_task.get(t, GenerationStats())
+                    for t in tasks}
         details = (self.baseline_mismatch_details + other.baseline_mismatch_details)[:MAX_MISMATCH_DETAILS]
         return replace(self, per_task=per_task, baseline_mismatch_details=details,
                        processes=self.processes + other.processes)
@@ -181,7 +183,8 @@ class SpecdecRecord:
             "baseline_mismatches": self.baseline_mismatches,
             "baseline_mismatch_details": [d.to_json() for d in self.baseline_mismatch_details],
             "counters": total.as_dict(),
-            "per_task": {task: {"generations": s.generations, "baseline_mismatches": s.baseline_mismatches, **s.summary(),
+            "per_task": {task: {"generations": s.generations, "baseline_mismatches": s.baseline_mismatches,
+                                **s.summary(),
                                 "predicted_tokens_per_second": predicted(s), "counters": s.as_dict()}
                          for task, s in sorted(self.per_task.items())},
         }
@@ -199,7 +202,8 @@ class SpecdecRecord:
             _restore_mismatch_counts(per_task, int(block.get("baseline_mismatches", 0)), details)
             ran = block.get("runtime") or {}
             runtime = Runtime(block.get("dtype") or "", ran.get("kernels") or "", bool(ran.get("static_cache")),
-                              bool(ran.get("compile")), ran.get("attention") or "", int(block.get("tensor_parallel", 1)))
+                              bool(ran.get("compile")), ran.get("attention") or "",
+                              int(block.get("tensor_parallel", 1)))
             return cls(block["target"], block["draft"], int(block["num_draft_tokens"]),
                        bool(block.get("dynamic_gamma", False)), block.get("hardware") or "",
                        block.get("versions") or {}, block.get("draft_parameters_m") or 0.0,

@@ -65,7 +65,8 @@ def table(record: SpecdecRecord) -> str:
         title += (f" (compiled: {total.compile_seconds:.1f} s compiling and warming up, outside every figure; "
                   f"{total.recompiles} graphs compiled in timed steps)")
     return (title + "\n" + tabulate(body, headers=[h for _, h in TABLE_COLUMNS], tablefmt="github") + "\n"
-            + tabulate(acceptance, headers=[h for _, h in ACCEPTANCE_COLUMNS], tablefmt="github", disable_numparse=True))
+            + tabulate(acceptance, headers=[h for _, h in ACCEPTANCE_COLUMNS], tablefmt="github",
+                       disable_numparse=True))
 
 
 def _fmt(value) -> str:

@@ -78,7 +78,8 @@ class GenerationStats:
     draft_prefill_tokens: int = 0  # positions the draft read before drafting (prompt, catch-up after γ = 0)
     draft_prefill_seconds: float = 0.0
     overshoot_tokens: int = 0  # emitted by a final step past the stop (EOS or a stop sequence) and discarded
-    per_request: list[GenerationStats] = field(default_factory=list, repr=False, compare=False)  # each request's own, in order
+    # each request's own, in order
+    per_request: list[GenerationStats] = field(default_factory=list, repr=False, compare=False)
     # (the engine fills it; adding concatenates; never written to a record: see request_figures)
 
     def __add__(self, other: GenerationStats) -> GenerationStats:

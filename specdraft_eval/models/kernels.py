@@ -46,7 +46,8 @@ class PackedLinear(torch.nn.Module):
 
 def check(kernels: str) -> str:
     if kernels not in KERNELS:
-        raise SpecdecError(f"kernels={kernels!r} is unknown: use kernels=onednn (pre-packed CPU weights) or kernels=plain")
+        raise SpecdecError(f"kernels={kernels!r} is unknown: use kernels=onednn (pre-packed CPU weights) or "
+                           "kernels=plain")
     return kernels
 
 

@@ -21,7 +21,8 @@ def table_rows(result: BenchResult) -> list[dict]:
     return [{
         "engine": r.engine, "draft": r.draft, "tok/s": spread_text(r.tokens_per_second, ".2f"),
         "kernels": r.kernels, **({"compiled": r.compiled, "warm-up s": round(r.warm_up_seconds, 1),
-                                  "timed compiles": r.timed_compiles} if result.compile else {}), "×AR": spread_text(r.vs_autoregressive, ".2f"),
+                                  "timed compiles": r.timed_compiles} if result.compile else {}),
+        "×AR": spread_text(r.vs_autoregressive, ".2f"),
         "×ours plain": spread_text(r.vs_ours_plain, ".2f"),
         "×assisted": spread_text(r.vs_assisted, ".2f"), "×plain assisted": spread_text(r.vs_plain_assisted, ".2f"),
         "TAR": r.steps.tar, "mean γ": r.steps.mean_gamma, "draft ms/tok": r.steps.draft_ms_per_token,

@@ -123,7 +123,8 @@ def check_lossless(result: BenchResult, prompts: list[str]) -> str:
             if not near_tie(margin, result.dtype):
                 where = "" if margin is None else f" with a logit margin of {margin:.3g}"
                 raise SpecdecError(
-                    f"{row.engine} ({row.draft}, {row.kernels} kernels{', compiled' if row.compiled else ''}) differs from the target's greedy "
+                    f"{row.engine} ({row.draft}, {row.kernels} kernels{', compiled' if row.compiled else ''}) "
+                    "differs from the target's greedy "
                     f"generate on prompt {i} ({prompts[i][:40]!r}...){where}: this is a losslessness bug, please "
                     "report it")
         numerics += row.numerics

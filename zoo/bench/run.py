@@ -280,7 +280,8 @@ def summarise(configs: list[Config], target, target_name: str, gamma: int, max_n
         ours = config.engine in (OURS, OURS_DYNAMIC)
         rows.append(BenchRow(
             config.engine, config.kernels, config.draft, gamma if config.drafter else None,
-            config.engine == OURS_DYNAMIC, mismatched, margins, sum(near_tie(m, dtype_name(target.dtype)) for m in margins),
+            config.engine == OURS_DYNAMIC, mismatched, margins,
+            sum(near_tie(m, dtype_name(target.dtype)) for m in margins),
             sum(len(r.tokens) for r in flat), Spread.of(rates), versus(reference), versus(ours_plain[config.compiled]),
             _overhead(config, flat, target_s + draft_s, wall), config.peak_mb, draft_only / 2**20,
             _step_figures(config, flat, target_s, draft_s),

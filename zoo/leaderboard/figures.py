@@ -29,7 +29,8 @@ ANALYTICAL_TARS = (1.25, 1.5, 2.0, 2.5, 3.0)
 """The TAR of each analytical-model curve on the speedup figure."""
 
 
-def plots(rows: list[LeaderboardRow], findings: list[LmFinding], sweeps: list[Calibration]) -> dict[str, tuple[str, bytes]]:
+def plots(rows: list[LeaderboardRow], findings: list[LmFinding],
+          sweeps: list[Calibration]) -> dict[str, tuple[str, bytes]]:
     """The figures by file name, each with its title, for the target and hardware with the most rows: speedup
     against draft cost with the analytical model's curves, TAR against the draft's own bits per byte, acceptance by
     position, and (given sweeps) latency against depth and width. A colour per draft, a marker per task, keys in
@@ -98,7 +99,8 @@ def plots(rows: list[LeaderboardRow], findings: list[LmFinding], sweeps: list[Ca
                   frameon=False)
     legends(ax, key, {_configuration(r) for r in timed}, "lower left")
     images["speedup_vs_draft_latency.png"] = (
-        "speedup against draft latency, with the analytical model's curves (the founding paper's Figure 8)", png_bytes(fig))
+        "speedup against draft latency, with the analytical model's curves (the founding paper's Figure 8)",
+        png_bytes(fig))
 
     fig, ax, key = figure()
     points = [r for f in findings for r in f.points]

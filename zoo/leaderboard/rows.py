@@ -158,8 +158,8 @@ def lm_scores(files: list[ResultsFile]) -> dict[tuple[str, str], float]:
 
 def collect(paths: list[Path]) -> list[LeaderboardRow]:
     """The leaderboard's rows: one per configuration (:class:`~specdraft_eval.measure.record.RunKey`) and task,
-    its runs merged. A run without baseline timing whose target is some row's draft measured that draft's own accuracy: it
-    fills those rows' ``draft_accuracy`` instead of being a row itself; a scoring run (``*_lm`` tasks) fills
+    its runs merged. A run without baseline timing whose target is some row's draft measured that draft's own accuracy:
+    it fills those rows' ``draft_accuracy`` instead of being a row itself; a scoring run (``*_lm`` tasks) fills
     ``draft_bits_per_byte`` (and ``target_bits_per_byte``, for the figures)."""
     files = scan_results(paths, scoring=True)
     rows = [row for config in configurations([f for f in files if f.record.per_task])

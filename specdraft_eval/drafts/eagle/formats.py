@@ -61,7 +61,8 @@ def variant_of(config: dict, keys=()) -> str:
 
 
 def describe(where: str) -> tuple[str, int | None]:
-    """The head at ``where``'s (a directory or hub id) variant (vLLM's ``method``: ``eagle`` or ``eagle3``) and output vocabulary size
+    """The head at ``where``'s (a directory or hub id) variant (vLLM's ``method``: ``eagle`` or ``eagle3``) and
+    output vocabulary size
     (None: the target's), from its config files alone."""
     directory = _directory(where)
     config = read_json(directory / "config.json", WHAT)
@@ -144,10 +145,12 @@ def _layer_count(directory: Path, config: dict, weights: dict[str, torch.Tensor]
     found = {int(k.split(".")[1]) for k in weights if k.startswith("layers.") and k.split(".")[1].isdigit()}
     count = max(found, default=0) + 1
     if found != set(range(count)):
-        raise SpecdecError(f"EAGLE head {directory} holds decoder layers {sorted(found)}: not 0..N-1; download it again")
+        raise SpecdecError(f"EAGLE head {directory} holds decoder layers {sorted(found)}: not 0..N-1; download it "
+                           "again")
     stated = config.get("num_hidden_layers")
     if stated is not None and stated != count:
-        raise SpecdecError(f"EAGLE head {directory}: its config says {stated} decoder layers, its weights hold {count}; "
+        raise SpecdecError(f"EAGLE head {directory}: its config says {stated} decoder layers, its weights hold "
+                           f"{count}; "
                            "fix the config's num_hidden_layers or download the head again")
     return count
 
@@ -241,7 +244,8 @@ def load_head(directory: Path, target, tokenizer=None) -> tuple[EagleHead, HeadL
                            f"{f' and {len(unread) - 3} more' if len(unread) > 3 else ''}; drafting without them "
                            "would draft wrong tokens: use a head of a supported layout")
     load_into(head, {k: v for k, v in state.items() if k in expected}, directory, WHAT, strict=False)
-    if layout.token_ids is not None and (min(layout.token_ids) < 0 or max(layout.token_ids) >= target.config.vocab_size):
+    ids = layout.token_ids
+    if ids is not None and (min(ids) < 0 or max(ids) >= target.config.vocab_size):
         raise SpecdecError(f"EAGLE head {directory}: its vocabulary maps outside the target's "
                            f"{target.config.vocab_size} tokens; use a head trained for this target")
     return head.to(target.device, target.dtype).eval().requires_grad_(False), layout
@@ -270,8 +274,8 @@ def save_head(directory: Path, head: EagleHead, meta: dict) -> None:
 
 def save_eagle3(directory: Path, head: EagleHead, target_name: str, meta: dict) -> None:
     """speculators' EAGLE-3 layout, as vLLM loads it as it is: ``model.safetensors`` (``fc``, ``layers.0``, ``norm``,
-    ``lm_head`` over the draft vocabulary in float16, ``d2t`` offsets and ``t2d``) and a speculators config (the layer config,
-    the taps, ``norm_before_residual``, a greedy proposal method of the unrolled depth, our training record)."""
+    ``lm_head`` over the draft vocabulary in float16, ``d2t`` offsets and ``t2d``) and a speculators config (the layer
+    config, the taps, ``norm_before_residual``, a greedy proposal method of the unrolled depth, our training record)."""
     from safetensors.torch import save_file
 
     state = _stored({k: v for k, v in head.state_dict().items() if not k.startswith("rotary_emb.")})
@@ -280,7 +284,8 @@ def save_eagle3(directory: Path, head: EagleHead, target_name: str, meta: dict) 
     state["t2d"] = torch.isin(torch.arange(head.config.vocab_size), torch.tensor(token_ids))
     save_file(state, str(directory / "model.safetensors"))
     layer = {**head.config.to_dict(), "model_type": "llama"}
-    config = {"speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"], "transformer_layer_config": layer,
+    config = {"speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"],
+              "transformer_layer_config": layer,
               "draft_vocab_size": len(token_ids), "norm_before_residual": head.layers[0].norm_before_residual,
               "eagle_aux_hidden_state_layer_ids": list(head.taps),
               "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
