@@ -74,7 +74,8 @@ def main() -> int:
     for row in rows:
         if eager and row is not eager:
             row["tok/s vs eager"] = round(row["tokens_per_second"] / eager["tokens_per_second"], 3)
-            row["base tok/s vs eager"] = round(row["baseline_tokens_per_second"] / eager["baseline_tokens_per_second"], 3)
+            base = row["baseline_tokens_per_second"] / eager["baseline_tokens_per_second"]
+            row["base tok/s vs eager"] = round(base, 3)
             row["wall vs eager"] = round(row["wall_s"] / eager["wall_s"], 3)
     keys = ["runtime", "wall_s", *FIGURES, "tok/s vs eager", "base tok/s vs eager", "wall vs eager"]
     print(tabulate([[r.get(k) for k in keys] for r in rows], headers=keys, tablefmt="github", floatfmt=".3g"))

@@ -79,7 +79,8 @@ def summarise(steps: list[tuple[int, int]], gamma: int) -> dict:
         for i in range(n):
             accepted[i] += 1
     tar = sum(n + 1 for _, n in steps) / len(steps)
-    return {"tar": round(tar, 3), "acceptance_by_position": [round(a / d, 3) if d else None for a, d in zip(accepted, drafted)]}
+    by_position = [round(a / d, 3) if d else None for a, d in zip(accepted, drafted)]
+    return {"tar": round(tar, 3), "acceptance_by_position": by_position}
 
 
 def replay(hits: list[list[bool]], gamma: int) -> dict:
@@ -113,10 +114,12 @@ def main() -> None:
     for item in args.limits.split(","):
         task, limit = item.split(":")
         outputs[task] = target_outputs(target, tokenizer, task, int(limit), args.max_new_tokens)
-        print(f"{task}: {len(outputs[task])} documents, {sum(len(o) for _, o in outputs[task])} target tokens", file=sys.stderr)
+        print(f"{task}: {len(outputs[task])} documents, {sum(len(o) for _, o in outputs[task])} target tokens",
+              file=sys.stderr)
     report = {"target": args.target, "documents": {t: len(d) for t, d in outputs.items()},
               "target_tokens": {t: sum(len(o) for _, o in d) for t, d in outputs.items()},
-              "outputs_at_the_budget": {t: sum(len(o) >= args.max_new_tokens for _, o in d) for t, d in outputs.items()},
+              "outputs_at_the_budget": {t: sum(len(o) >= args.max_new_tokens for _, o in d)
+                                        for t, d in outputs.items()},
               "drafts": {}}
     for spec in args.drafts:
         drafter = load_draft(spec, loaded)
@@ -128,7 +131,8 @@ def main() -> None:
                 first = sum(map(sum, hits)) / max(1, sum(map(len, hits)))
             else:
                 report["drafts"][spec][task] = {
-                    f"gamma_{g}": summarise([s for prompt, out in docs for s in proposal_hits(drafter, prompt, out, g)], g)
+                    f"gamma_{g}": summarise([s for prompt, out in docs
+                                             for s in proposal_hits(drafter, prompt, out, g)], g)
                     for g in gammas}
                 first = report["drafts"][spec][task]["gamma_1"]["tar"] - 1
             report["drafts"][spec][task]["first_token_acceptance"] = round(first, 3)

@@ -230,7 +230,8 @@ def _lm_eval(check: Check, folder: Path, model_args: str, out: Path, batch: int 
             f"pretrained={folder},draft=prompt-lookup,baseline=true,dtype={dtype_name(check.dtype)}{model_args}",
             *(["--device", check.device] if device else []), "--include_path", str(ROOT / "tasks"),
             "--tasks", "specdec_humaneval", "--limit", str(check.args.lm_eval_limit), "--confirm_run_unsafe_code",
-            "--gen_kwargs", f"max_gen_toks={check.args.new_tokens}", "--batch_size", str(batch), "--output_path", str(out)]
+            "--gen_kwargs", f"max_gen_toks={check.args.new_tokens}", "--batch_size", str(batch), "--output_path",
+            str(out)]
     started = time.perf_counter()
     script = [sys.executable, "-c", code] if not launcher else [*launcher, "-m", "lm_eval"]
     done = subprocess.run([*script, *args], capture_output=True, text=True, timeout=480,
@@ -269,7 +270,8 @@ def sharded(check: Check) -> None:
     runs = {"parallelize": _lm_eval(check, folder, ",parallelize=true", folder / "parallelize", device=False)}
     if gpus > 1:
         runs["tp_plan"] = _lm_eval(check, folder, ",tp_plan=auto", folder / "tp", device=False,
-                                   launcher=(sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(gpus)))
+                                   launcher=(sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
+                                             str(gpus)))
     for name, run in runs.items():
         check.log(f"6 {name}: {_summary(run)}, results files {run['results_files']}"
                   + (f", tensor_parallel {run['specdec'].get('tensor_parallel')}" if run["specdec"] else ""))
@@ -357,7 +359,8 @@ def report(results: dict) -> str:
         part = results["step_latency"]
         lines += [f"## 1. Batch-1 step latency (context {part['context']}, attention `{part['attention']}`, median of "
                   f"{part['rounds']} interleaved rounds of {part['steps']} steps)", "",
-                  _table(part["rows"], ["shape", "layers", "hidden_size", "params_m", "ms_median", "ms_min", "ms_max"]), ""]
+                  _table(part["rows"], ["shape", "layers", "hidden_size", "params_m", "ms_median", "ms_min",
+                                        "ms_max"]), ""]
     if "verify_cost" in results:
         lines += ["## 2. Verification of k draft tokens (chain) or tree nodes on the 7B shape", "",
                   _table(results["verify_cost"]["rows"], ["shape", "context", "k", "ms_median", "ms_min", "ms_max",
@@ -407,11 +410,13 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=2, help="bench repeats")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--lm-eval-limit", type=int, default=8)
-    parser.add_argument("--compile", action="store_true", help="part 3 with compiled rows beside the eager ones, part 4 with compile=true")
+    parser.add_argument("--compile", action="store_true",
+                        help="part 3 with compiled rows beside the eager ones, part 4 with compile=true")
     parser.add_argument("--steady-steps", type=int, default=256, help="timed decode steps in part 5")
     args = parser.parse_args()
     if args.small:
-        args.rounds, args.steps, args.repeats, args.new_tokens, args.lm_eval_limit, args.steady_steps = 2, 3, 1, 16, 4, 16
+        args.rounds, args.steps, args.repeats, args.new_tokens = 2, 3, 1, 16
+        args.lm_eval_limit, args.steady_steps = 4, 16
     if not args.small and not torch.cuda.is_available():
         print("gpu_check: error: no CUDA device here; run with --small for the CPU rehearsal", file=sys.stderr)
         return 2

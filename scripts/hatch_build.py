@@ -2,10 +2,10 @@
 the published measurements.
 
 The .pth line makes the stock ``lm_eval`` command see ``--model specdec`` (see
-``specdraft_eval/integration/lm_eval_hook.py``); it is installed for normal and editable installs alike. A wheel also carries
-``leaderboard/results`` and the shipped n-gram draft and EAGLE head under ``specdraft_eval/_published/leaderboard/`` (what
-``draft=auto``, ``zoo recommend`` and ``zoo rank`` read by default: ``specdraft_eval/published.py``); an editable
-install reads them from the checkout.
+``specdraft_eval/integration/lm_eval_hook.py``); it is installed for normal and editable installs alike. A wheel
+also carries ``leaderboard/results`` and the shipped n-gram draft and EAGLE head under
+``specdraft_eval/_published/leaderboard/`` (what ``draft=auto``, ``zoo recommend`` and ``zoo rank`` read by default:
+``specdraft_eval/published.py``); an editable install reads them from the checkout.
 """
 
 import os

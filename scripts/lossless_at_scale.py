@@ -76,7 +76,8 @@ def main() -> None:
     for task, prompt in tqdm(prompts(args.prompts)[report["prompts"]:], desc="prompts", file=sys.stderr):
         ids = tokenizer(prompt).input_ids[-512:]  # MMLU-CoT's five shots: the last 512 tokens keep prefill short
         with torch.inference_mode():
-            out = reference_model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            out = reference_model.generate(torch.tensor([ids]),
+                                           attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                                            max_new_tokens=args.new_tokens, do_sample=False,
                                            pad_token_id=tokenizer.eos_token_id)
         expected = out[0, len(ids):].tolist()

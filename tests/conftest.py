@@ -21,7 +21,8 @@ def pytest_collection_modifyitems(config, items) -> None:
     """Tests marked ``gpu`` skip, saying why, where no CUDA device is visible."""
     if torch.cuda.is_available():
         return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU: what only a GPU checks (docs/development.md, Tests); run pytest -m gpu there")
+    skip = pytest.mark.skip(reason="needs a CUDA GPU: what only a GPU checks (docs/development.md, Tests); run "
+                                   "pytest -m gpu there")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)

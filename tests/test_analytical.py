@@ -10,7 +10,8 @@ from specdraft_eval.measure.stats import GenerationStats
 
 
 def test_hand_worked_throughput():
-    # TAR 2.5: 1.5 accepted per step + the target's own token = 2.5 tokens per (4 x 10 ms + 50 ms) = 90 ms -> 27.78 tokens/s
+    # TAR 2.5: 1.5 accepted per step + the target's own token = 2.5 tokens per (4 x 10 ms + 50 ms) = 90 ms
+    # -> 27.78 tokens/s
     assert predicted_tokens_per_second(2.5, 4, 0.010, 0.050) == pytest.approx(2.5 / 0.090)
     # against 40 ms per autoregressive token (25 tokens/s): 27.78 / 25 = 1.111
     assert predicted_speedup(2.5, 4, 0.010, 0.050, 0.040) == pytest.approx(1.1111, rel=1e-4)

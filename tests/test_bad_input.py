@@ -96,7 +96,12 @@ def test_api_behaviour_max_new_tokens_0_returns_nothing(loaded):
     assert out == [] and stats.generated_tokens == 0
 
 
-@pytest.mark.parametrize("text", ["   \n\t ", "caf\udce9 \x00\x1b[31m\x07 bytes"], ids=["whitespace-only", "non-UTF-8 and control"])
+OTHER_WORDS = ["<unk>", "</s>", *[f"v{i}" for i in range(62)]]
+"""A tokenizer's words that are not the tiny target's."""
+
+
+@pytest.mark.parametrize("text", ["   \n\t ", "caf\udce9 \x00\x1b[31m\x07 bytes"], ids=["whitespace-only",
+                                                                                        "non-UTF-8 and control"])
 def test_api_behaviour_odd_prompt_text_generates(loaded, text):
     """Whitespace-only text, undecodable bytes (surrogate-escaped, as Python reads them) and control characters
     are just tokens: generation runs as for any prompt (an empty tokenization is the empty-prompt error)."""
@@ -110,11 +115,14 @@ LOAD_ERRORS = {
     "unknown target": (lambda tiny, tmp: load_target("no-such-target"), "unknown model 'no-such-target'"),
     "unknown draft": (lambda tiny, tmp: load_draft("no-such-draft", load_target(str(tiny))), "unknown model"),
     "unknown draft kind argument": (lambda tiny, tmp: load_draft("layers:x", load_target(str(tiny))), "layers"),
-    "tokenizer mismatch": (lambda tiny, tmp: load_draft(str(save_tiny(tmp / "other", words=["<unk>", "</s>", *[f"v{i}" for i in range(62)]])),
+    "tokenizer mismatch": (lambda tiny, tmp: load_draft(str(save_tiny(tmp / "other", words=OTHER_WORDS)),
                                                         load_target(str(tiny))), "tokenizer mismatch"),
-    "corrupt safetensors": (lambda tiny, tmp: load_target(str(broken_weights(tiny, tmp / "m", "corrupt"))), "cannot load model"),
-    "truncated safetensors": (lambda tiny, tmp: load_target(str(broken_weights(tiny, tmp / "m", "truncated"))), "cannot load model"),
-    "config but no weights": (lambda tiny, tmp: load_target(str(broken_weights(tiny, tmp / "m", "missing"))), "cannot load model"),
+    "corrupt safetensors": (lambda tiny, tmp: load_target(str(broken_weights(tiny, tmp / "m", "corrupt"))),
+                            "cannot load model"),
+    "truncated safetensors": (lambda tiny, tmp: load_target(str(broken_weights(tiny, tmp / "m", "truncated"))),
+                              "cannot load model"),
+    "config but no weights": (lambda tiny, tmp: load_target(str(broken_weights(tiny, tmp / "m", "missing"))),
+                              "cannot load model"),
     "weights but no tokenizer": (lambda tiny, tmp: load_target(str(without_tokenizer(tiny, tmp / "m"))),
                                  "tokenizer.save_pretrained"),
     "corrupt GGUF": (lambda tiny, tmp: load_target(str(_file(tmp / "m.gguf", b"GGUF" + b"\xff" * 64))), "GGUF"),
@@ -166,10 +174,12 @@ ZOO_ERRORS = {
     "bench batch size non-numeric": (["bench", "--target", "{tiny}", "--batch-size", "two"], "bad --batch-size"),
     "rank gamma non-numeric": (["rank", "--target", "{tiny}", "--gpu", "h100", "--gamma", "x"], "bad --gamma"),
     "prune 0 layers": (["prune", "{tiny}", "--layers", "0", "--out", "{tmp}/d"], "outside 1.."),
-    "ngram 0 new tokens": (["ngram", "{tiny}", "--new-tokens", "0", "--prompts", "specdec_humaneval", "--out", "{tmp}/n"],
+    "ngram 0 new tokens": (["ngram", "{tiny}", "--new-tokens", "0", "--prompts", "specdec_humaneval", "--out",
+                            "{tmp}/n"],
                            "--new-tokens 0 must be >= 1"),
     "recommend missing results": (["recommend", "--results", "{tmp}/nowhere"], "does not exist"),
-    "leaderboard results not JSON": (["leaderboard", "{tmp}/results_x.json", "--out", "{tmp}/out"], "not readable JSON"),
+    "leaderboard results not JSON": (["leaderboard", "{tmp}/results_x.json", "--out", "{tmp}/out"],
+                                     "not readable JSON"),
     "leaderboard read-only output": (["leaderboard", "{results}", "--out", "{tmp}/ro/out"], "cannot write"),
     "pull unknown offline": (["pull", "no-such-org/no-such-draft"], "no-such-org/no-such-draft"),
 }

@@ -58,7 +58,8 @@ def test_each_row_equals_its_batch_one_output(target, kinds, name, gamma, dynami
             if not dynamic:  # the same proposals row by row: the same counters, summed
                 alone = [s for _, s in singles[start:start + batch]]
                 assert (stats.steps, stats.draft_tokens, stats.accepted_tokens) == (
-                    sum(s.steps for s in alone), sum(s.draft_tokens for s in alone), sum(s.accepted_tokens for s in alone))
+                    sum(s.steps for s in alone), sum(s.draft_tokens for s in alone),
+                    sum(s.accepted_tokens for s in alone))
                 assert stats.accepted_per_position == sum((s for s in alone), type(stats)()).accepted_per_position
                 assert sorted(stats.request_tars) == sorted(t for s in alone for t in s.request_tars)
 

@@ -58,7 +58,8 @@ def test_bench_runs_every_configuration_with_identical_tokens(tiny, prompts_file
     assert layered["draft_ms_per_token"] > 0 and layered["mean_gamma"] == pytest.approx(3, abs=1)
     assert layered["draft_weights_mb"] == 0.0  # a layer view shares the target's weights
     assert set(layered["acceptance"]) == {"mean_acceptance_length", "acceptance_rate_per_position",
-                                          "conditional_acceptance_per_position", "accept_length", "mean_accepted_tokens"}
+                                          "conditional_acceptance_per_position", "accept_length",
+                                          "mean_accepted_tokens"}
     assert layered["acceptance"]["mean_accepted_tokens"] == layered["tar"]
     assert rows[0]["tar"] == 1  # autoregressive: one token per target call
     assert rows[1]["vs_ours_plain"]["median"] == 1.0 and all(r["vs_ours_plain"]["median"] > 0 for r in rows)
@@ -75,7 +76,8 @@ def test_bench_catches_a_draft_that_changes_the_output(tiny, prompts_file, monke
     result = bench_run.run_bench(target, str(tiny), tokenizer, [drafter], load_prompts(None, prompts_file, 1),
                                  bench_result.BenchPlan(2, 1, 8))
     identical = {r.engine: r.identical for r in result.configs}
-    assert identical[bench_result.AUTOREGRESSIVE] and identical[bench_result.ASSISTED] and not identical[bench_result.OURS]
+    assert identical[bench_result.AUTOREGRESSIVE] and identical[bench_result.ASSISTED]
+    assert not identical[bench_result.OURS]
     assert not identical[bench_result.OURS_PLAIN]  # our plain decoding goes through the same (broken) verifier
     with pytest.raises(SpecdecError, match=r"specdraft plain \(None, plain kernels\) differs .* on prompt 0 \('w"):
         bench_result.check_lossless(result, load_prompts(None, prompts_file, 1))
@@ -92,7 +94,7 @@ def test_bench_compile_runs_compiled_configurations_beside_the_eager_ones(tiny, 
 
     real = torch.compile
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: real(fn, **{**kw, "backend": "eager", "mode": None}))
-    monkeypatch.setattr(graphs, "_RUNTIMES", type(graphs._RUNTIMES)())
+    graphs.RUNTIMES.clear()
     torch._dynamo.reset()
     plan = bench_result.BenchPlan(2, 1, 8, compile=True)
     result = bench_run.bench(str(tiny), ["prompt-lookup"], load_prompts(None, prompts_file, 2), plan,
@@ -126,7 +128,9 @@ def test_bench_cli_json_and_table(tiny, prompts_file):
     assert data["schema_version"] == bench_result.SCHEMA_VERSION and data["task"] is None
     # same kernels: autoregressive, assisted, ours, ours dynamic; then transformers on plain kernels
     assert [(r["engine"], r["kernels"]) for r in data["configs"]] == [
-        (bench_result.AUTOREGRESSIVE, "onednn"), (bench_result.OURS_PLAIN, "onednn"), (bench_result.ASSISTED, "onednn"), (bench_result.OURS, "onednn"),
+        (bench_result.AUTOREGRESSIVE, "onednn"), (bench_result.OURS_PLAIN, "onednn"), (bench_result.ASSISTED,
+                                                                                       "onednn"), (bench_result.OURS,
+                                                                                                   "onednn"),
         (bench_result.OURS_DYNAMIC, "onednn"), (bench_result.AUTOREGRESSIVE, "plain"), (bench_result.ASSISTED, "plain")]
     assert not any(r["compiled"] for r in data["configs"])
     assert all(r["identical"] for r in data["configs"])
@@ -151,7 +155,8 @@ def test_bench_bad_prompts_file(tiny, tmp_path, content, message):
 
 
 def test_bench_bad_options(tiny, prompts_file):
-    for args, message in [(["--gamma", "0"], "bad --gamma"), (["--gamma", "2,4"], "runs one γ"), (["--limit", "0"], "--limit 0"),
+    for args, message in [(["--gamma", "0"], "bad --gamma"), (["--gamma", "2,4"], "runs one γ"), (["--limit", "0"],
+                                                                                                  "--limit 0"),
                           (["--dtype", "int8"], "bad --dtype"), (["--task", "specdec_humaneval"], "not both"),
                           (["--compile", "--batch-size", "1,2"], "drop --batch-size or --compile")]:
         done = run_cli("zoo", "bench", "--target", str(tiny), "--prompts", str(prompts_file), *args)

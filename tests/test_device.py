@@ -67,7 +67,8 @@ def test_device_and_dtype_reach_the_measurement(tiny, tmp_path):
         assert all(abs(m) <= NEAR_TIE_LOGIT_MARGIN for m in row["mismatch_logit_margins"])
     numerics = sum(row["numerics"] for row in bench["configs"])
     assert bench["lossless"] == (f"{numerics} divergence(s), each a bfloat16 near-tie (|logit margin| <= "
-                                 f"{NEAR_TIE_LOGIT_MARGIN})" if numerics else "every output identical to the target's greedy generate")
+                                 f"{NEAR_TIE_LOGIT_MARGIN})" if numerics
+                                 else "every output identical to the target's greedy generate")
 
 
 def _prompts(tmp_path: Path) -> Path:
@@ -119,7 +120,8 @@ def test_gpu_check_small_rehearsal(tmp_path):
     import subprocess
 
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--small", "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=600, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin",
+                          capture_output=True, text=True, timeout=600, env={"HF_HUB_OFFLINE": "1",
+                                                                            "PATH": "/usr/bin:/bin",
                                                                              "HOME": str(Path.home())})
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     results = json.loads((tmp_path / "gpu_check.json").read_text())
@@ -127,7 +129,8 @@ def test_gpu_check_small_rehearsal(tmp_path):
     assert [r["runtime"] for r in results["steady"]["rows"]] == ["eager", "static cache"]
     ks = {*range(9), 16, 32, 64}
     assert len(results["step_latency"]["rows"]) == 14
-    assert {(r["shape"], r["k"]) for r in results["verify_cost"]["rows"]} == {(s, k) for s in ("chain", "tree") for k in ks}
+    assert {(r["shape"], r["k"]) for r in results["verify_cost"]["rows"]} == {(s, k) for s in ("chain",
+                                                                                               "tree") for k in ks}
     assert all(r["returncode"] == 0 and r["specdec"]["baseline_mismatches"] == 0 for r in results["lm_eval"]["runs"])
     assert results["bench"]["lossless"].startswith("every output identical")
     parallelize = results["sharded"]["runs"]["parallelize"]  # no GPU here: it runs on the CPU

@@ -36,8 +36,8 @@ def test_layer_view_shares_weights_and_leaves_target_intact():
     view = layer_view(target, [0, 3])
     assert len(view.model.layers) == 2 and len(target.model.layers) == 4
     assert view.model.layers[1].self_attn.q_proj.weight is target.model.layers[3].self_attn.q_proj.weight
-    assert [l.self_attn.layer_idx for l in view.model.layers] == [0, 1]
-    assert [l.self_attn.layer_idx for l in target.model.layers] == [0, 1, 2, 3]
+    assert [layer.self_attn.layer_idx for layer in view.model.layers] == [0, 1]
+    assert [layer.self_attn.layer_idx for layer in target.model.layers] == [0, 1, 2, 3]
     assert target.config.num_hidden_layers == 4 and view.config.num_hidden_layers == 2
     ids = torch.arange(6)[None]
     with torch.inference_mode():
@@ -122,7 +122,8 @@ def test_tokenizer_mismatch_is_caught(tiny_dir, tmp_path):
 
 def test_resolve_alias_paths_and_hub_ids(tmp_path):
     alias = resolve("smollm2-135m-instruct")
-    assert alias.gguf_file == "SmolLM2-135M-Instruct.Q4_1.gguf" and os.path.isfile(os.path.join(alias.path, alias.gguf_file))
+    assert alias.gguf_file == "SmolLM2-135M-Instruct.Q4_1.gguf" and os.path.isfile(os.path.join(alias.path,
+                                                                                                alias.gguf_file))
     assert resolve("HuggingFaceTB/SmolLM2-360M-Instruct").path == "HuggingFaceTB/SmolLM2-360M-Instruct"
     with pytest.raises(SpecdecError, match="without config.json"):
         resolve(str(tmp_path))

@@ -381,7 +381,8 @@ def test_eagle3_training_unrolls_what_the_drafter_computes(monkeypatch, masked):
             p.add_(0.05 * torch.randn_like(p))
     if not masked:
         monkeypatch.setattr(training, "unrolled_mask", lambda width, step, device, dtype: kv_cache.additive(torch.cat(
-            [torch.ones(width - step, width - j, dtype=torch.bool).tril() for j in range(1, step + 1)], 1)[None], dtype))
+            [torch.ones(width - step, width - j, dtype=torch.bool).tril() for j in range(1, step + 1)], 1)[None],
+            dtype))
     taps, embed = list(head.taps), target.get_input_embeddings()
     for prompt in ([5, 9, 2, 7], [5, 9, 2, 7, 7, 3, 11], list(range(10, 40, 3))):
         drafter = EagleDrafter(head, target, "t", None)

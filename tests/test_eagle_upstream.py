@@ -108,7 +108,8 @@ def write_eagle3(path: Path, *, layers: int = 1, norm_before_residual: bool | No
         config = {**layer, "draft_vocab_size": len(DRAFT_IDS), "eagle_aux_hidden_state_layer_ids": listed}
     else:
         config = {"speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"],
-                  "transformer_layer_config": layer, "draft_vocab_size": len(DRAFT_IDS), "norm_before_fc": norm_before_fc,
+                  "transformer_layer_config": layer, "draft_vocab_size": len(DRAFT_IDS),
+                  "norm_before_fc": norm_before_fc,
                   "speculators_config": {"algorithm": "eagle3", "verifier": {"name_or_path": "tiny"},
                                          "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}]}}
         if width != HIDDEN:
@@ -195,7 +196,8 @@ def eagle3_layers(x: torch.Tensor, w: dict, layers: int, width: int, before_resi
 
 
 def reference_eagle3(w: dict, target, tokens: list[int], taps: list[int], gamma: int, *, layers: int = 1,
-                     width: int = HIDDEN, before_residual: bool = True, d2t_sign: int = 1) -> tuple[list[int], torch.Tensor]:
+                     width: int = HIDDEN, before_residual: bool = True, d2t_sign: int = 1) -> tuple[list[int],
+                                                                                                    torch.Tensor]:
     """Draft ``gamma`` tokens as vLLM runs an EAGLE-3 head: taps = the inputs of those target layers
     (``output_hidden_states[t]``) in ``taps``' order, ``fc`` (after ``input_norm`` where present), the feature of
     position t paired with token t+1, the head's own pre-norm output fed back, logits through ``norm`` and
@@ -283,7 +285,8 @@ def test_eagle3_layouts_draft_the_tokens_the_upstream_forward_drafts(tmp_path, t
         assert ours(path, target, tokens, 4, taps) == expected, (variant, tokens)
     drafter = KIND.load(str(path), Target(target, None))  # the head's hidden states themselves, position by position
     tokens = SEQUENCES[1]
-    _, hidden = reference_eagle3(w, target, tokens, taps, 1, layers=layers, width=width, before_residual=before_residual)
+    _, hidden = reference_eagle3(w, target, tokens, taps, 1, layers=layers, width=width,
+                                 before_residual=before_residual)
     with torch.no_grad():
         states = target(torch.tensor([tokens[:-1]]), output_hidden_states=True).hidden_states
         features = torch.cat([states[t][0] for t in taps], -1)[None]

@@ -49,7 +49,8 @@ def hf_greedy(model, prompt: torch.Tensor, n: int) -> list[int]:
     return out[0, prompt.shape[1] :].tolist()
 
 
-@pytest.mark.parametrize("name", ["prompt-lookup", "layers", "other-model", "self", "reduced-head", "composite", "ngram"])
+@pytest.mark.parametrize("name", ["prompt-lookup", "layers", "other-model", "self", "reduced-head", "composite",
+                                  "ngram"])
 @pytest.mark.parametrize("gamma,dynamic", [(1, False), (3, False), (5, True)])
 def test_greedy_matches_transformers_generate(target, name, gamma, dynamic):
     draft = drafts(target)[name]

@@ -172,7 +172,8 @@ def test_rank_h200_on_the_catalogs_llama_shapes_reproduces_the_measured_figures(
     """`zoo rank --gpu h200` from the catalog's shapes (no weights): Llama-2-7B's step (21.21 ms measured) and the
     wide/deep draft pair (3.91 / 14.94 ms) as measured on one H200, eager, each within 15%, ratio within 10%."""
     done = run_cli("zoo", "rank", "--target", "llama-2-7b", "--gpu", "h200", "--drafts", "sheared-llama-1.3b",
-                   "--drafts", "wide-sheared-llama-1.3b", "--json", env={"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path)})
+                   "--drafts", "wide-sheared-llama-1.3b", "--json", env={"HF_HUB_OFFLINE": "1",
+                                                                         "HF_HUB_CACHE": str(tmp_path)})
     assert done.returncode == 0, done.stderr[-2000:]
     ranking = json.loads(done.stdout)
     rows = {r["draft"]: r for r in ranking["rows"]}

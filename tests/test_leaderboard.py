@@ -36,7 +36,8 @@ def write_result(folder: Path, draft: str, tps_scale: float, task_acc: float = 0
                         "specdec_mmlu_cot": {"exact_match,none": 0.25}},
             "config": {"specdec": block}, "date": 1764700000.0}
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"results_{re.sub(r'[^A-Za-z0-9]', '_', target + draft + str(runtime))}{'_dynamic' if dynamic else ''}.json"
+    stem = re.sub(r"[^A-Za-z0-9]", "_", target + draft + str(runtime))
+    path = folder / f"results_{stem}{'_dynamic' if dynamic else ''}.json"
     path.write_text(json.dumps(data))
     return path
 
@@ -66,7 +67,8 @@ def test_outputs_are_complete_and_deterministic(results, tmp_path):
     assert len(csv_lines) == 1 + 6
     header = csv_lines[0].split(",")
     for column in ("target", "draft", "draft_parameters_m", "draft_layers", "task", "accuracy", "tar",
-                   "accepted_per_step", "acceptance_by_position", "tar_p50", "acceptance_rate", "draft_ms_per_token", "verify_ms_per_step",
+                   "accepted_per_step", "acceptance_by_position", "tar_p50", "acceptance_rate", "draft_ms_per_token",
+                   "verify_ms_per_step",
                    "tokens_per_second", "speedup", "gamma", "hardware", "date", "lm_eval", "specdraft_eval"):
         assert column in header
     readme = (first / "README.md").read_text()
@@ -140,7 +142,8 @@ def test_unusable_named_file_is_an_error_and_nothing_is_written(results, tmp_pat
     done = run_cli("zoo", "leaderboard", str(path), "--out", str(out))
     assert done.returncode == 1
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("zoo: error:") and str(path) in lines[0] and MESSAGES[kind] in lines[0]
+    assert len(lines) == 1 and lines[0].startswith("zoo: error:")
+    assert str(path) in lines[0] and MESSAGES[kind] in lines[0]
     assert not out.exists() or list(out.iterdir()) == []
 
 
@@ -173,10 +176,12 @@ def test_html_page_loads_shows_every_row_and_sorts_in_headless_chromium(results,
     # Click the tokens/s header twice (descending) after the page's own script ran, note whether speedup, TAR
     # and accuracy are on screen, then dump the DOM.
     probe = """<script>
-var th = Array.prototype.filter.call(document.querySelectorAll('table.board th'), function (h) { return h.textContent === 'tokens/s'; })[0];
+var th = Array.prototype.filter.call(document.querySelectorAll('table.board th'),
+                                    function (h) { return h.textContent === 'tokens/s'; })[0];
 th.click(); th.click();
 var seen = ['speedup', 'TAR', 'accuracy'].map(function (name) {
-  var h = Array.prototype.filter.call(document.querySelectorAll('table.board th'), function (x) { return x.textContent === name; })[0];
+  var h = Array.prototype.filter.call(document.querySelectorAll('table.board th'),
+                                      function (x) { return x.textContent === name; })[0];
   var box = h.getBoundingClientRect();
   return box.right <= window.innerWidth && box.bottom <= window.innerHeight;
 });
@@ -185,7 +190,8 @@ document.body.setAttribute('data-visible', seen.join(','));
     (out / "probe.html").write_text(page.replace("</body>", probe))
     dom = subprocess.run(
         ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run", "--window-size=1400,1000", f"--user-data-dir={tmp_path / 'profile'}",
+         "--disable-component-update", "--disable-sync", "--no-first-run", "--window-size=1400,1000",
+         f"--user-data-dir={tmp_path / 'profile'}",
          "--virtual-time-budget=3000", "--dump-dom", f"file://{out / 'probe.html'}"],
         capture_output=True, text=True, timeout=120,
     ).stdout
@@ -193,7 +199,8 @@ document.body.setAttribute('data-visible', seen.join(','));
     assert len(rows) == 6
     assert "acceptance by position" in dom
     assert 'data-visible="true,true,true"' in dom  # speedup, TAR and accuracy without scrolling at 1400x1000
-    assert all(f'<img src="{name}"' in dom for name in ("speedup_vs_draft_latency.png", "tar_vs_draft_bits_per_byte.png"))
+    assert all(f'<img src="{name}"' in dom for name in ("speedup_vs_draft_latency.png",
+                                                        "tar_vs_draft_bits_per_byte.png"))
     col = [h for h in re.findall(r"<th[^>]*>(.*?)</th>", dom)].index("tokens/s")
     values = [float(re.findall(r'data-v="([^"]*)"', r)[col]) for r in rows]
     assert values == sorted(values, reverse=True) and values[0] > values[-1]
@@ -316,8 +323,10 @@ def test_latency_sweeps_beside_the_results_are_a_table_and_a_figure(results, tmp
     from specdraft_eval.measure.profiles import SweepRow
     from zoo.latency_model import fit_sweep
 
-    rows = [SweepRow(group, layers, hidden, layers * hidden * hidden * 24, 1.0 + 0.6 * layers + hidden / 8192, 0.9, 30.0)
-            for group, layers, hidden in [("depth", n, 4096) for n in (1, 2, 4, 8)] + [("width", 4, 1024), ("width", 4, 8192)]]
+    rows = [SweepRow(group, layers, hidden, layers * hidden * hidden * 24, 1.0 + 0.6 * layers + hidden / 8192, 0.9,
+                     30.0)
+            for group, layers, hidden in [("depth", n, 4096) for n in (1, 2, 4, 8)] + [("width", 4, 1024), ("width", 4,
+                                                                                                            8192)]]
     write_json(results / "sweeps" / "sweep_h200.json", fit_sweep(rows, "h200", "NVIDIA H200", 2).to_json())
     out = tmp_path / "out"
     assert build(results, out).returncode == 0

@@ -21,7 +21,8 @@ COMMON = ["--include_path", "tasks", "--tasks", *TASKS, "--limit", LIMIT, "--con
 SPECDEC_KEYS = {
     "target", "draft", "num_draft_tokens", "steps", "draft_tokens", "accepted_tokens", "generated_tokens", "tar",
     "accepted_per_step", "acceptance_rate", "drafted_per_position", "accepted_per_position",
-    "acceptance_length_histogram", "per_request_mean_accepted_length", "acceptance_rate_per_position", "draft_ms_per_token", "verify_ms_per_step", "tokens_per_second",
+    "acceptance_length_histogram", "per_request_mean_accepted_length", "acceptance_rate_per_position",
+    "draft_ms_per_token", "verify_ms_per_step", "tokens_per_second",
     "baseline_tokens_per_second", "speedup", "predicted_tokens_per_second", "per_task", "baseline_tokens",
     "overshoot_tokens", "mean_acceptance_length", "conditional_acceptance_per_position", "accept_length",
     "mean_accepted_tokens",
@@ -37,14 +38,15 @@ def evaluate(out: Path, model: str, model_args: str, *extra: str) -> tuple[dict,
     samples = {}
     for task in TASKS:
         lines = next(out.rglob(f"samples_{task}_*.jsonl")).read_text().splitlines()
-        samples[task] = sorted((json.loads(l) for l in lines), key=lambda s: s["doc_id"])
+        samples[task] = sorted((json.loads(line) for line in lines), key=lambda s: s["doc_id"])
     return results, samples
 
 
 @pytest.fixture(scope="module")
 def hf_run(tmp_path_factory):
     source = resolve("smollm2-135m-instruct")
-    return evaluate(tmp_path_factory.mktemp("hf"), "hf", f"pretrained={source.path},gguf_file={source.gguf_file}", "--device", "cpu")
+    return evaluate(tmp_path_factory.mktemp("hf"), "hf", f"pretrained={source.path},gguf_file={source.gguf_file}",
+                    "--device", "cpu")
 
 
 def test_specdec_is_registered_next_to_lm_evals_own_models():

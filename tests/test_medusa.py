@@ -35,7 +35,8 @@ def write_medusa(path: Path, target, heads: int = 3, layers: int = 1, choices: l
     draw = torch.Generator().manual_seed(seed)
     state = {}
     for i in range(heads):
-        weight, bias = torch.randn(HIDDEN, HIDDEN, generator=draw) / HIDDEN ** 0.5, 0.1 * torch.randn(HIDDEN, generator=draw)
+        weight, bias = torch.randn(HIDDEN, HIDDEN, generator=draw) / HIDDEN ** 0.5, 0.1 * torch.randn(HIDDEN,
+                                                                                                      generator=draw)
         for j in range(layers):
             state[f"{i}.{j}.linear.weight"], state[f"{i}.{j}.linear.bias"] = weight, bias
         state[f"{i}.{layers}.weight"] = (target.get_output_embeddings().weight.detach()
@@ -298,7 +299,8 @@ def test_vllms_reduced_vocabulary_and_shared_head_draft_what_vllm_computes(tmp_p
         assert drafted(out, target, tokens, 6, "@2")[0] == [ranked[len(p) - 1][p[-1]] for p in paths]
         if truncated:  # a reader that takes the output rows' indices for token ids
             token_map = state["token_map"]
-            control.append([int(row[token_map].argmax()) for row in logits] != drafted(path, target, tokens, 3, "@1")[0])
+            control.append([int(row[token_map].argmax()) for row in logits] != drafted(path, target, tokens, 3,
+                                                                                       "@1")[0])
     assert not truncated or any(control)
 
 

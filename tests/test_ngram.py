@@ -82,7 +82,9 @@ def test_saved_draft_loads_by_kind_and_by_directory(tmp_path, tokenizer):
 ])
 def test_unusable_draft_directories_are_one_line_errors(tmp_path, tokenizer, problem, message):
     if problem != "missing":
-        save_continuations(tmp_path, word_tokenizer(["x", "y"]) if problem == "other tokenizer" else tokenizer, [[1, 2]], {})
+        save_continuations(tmp_path, word_tokenizer(["x", "y"]) if problem == "other tokenizer" else tokenizer, [[1,
+                                                                                                                  2]],
+                                                                                                                  {})
     if problem == "not json":
         (tmp_path / NGRAM_FILE).write_text('{"format": ')
     elif problem == "other format":
@@ -97,7 +99,8 @@ def test_zoo_ngram_builds_a_draft_from_the_targets_own_continuations(tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("w1 w2 w3\n\nw4 w5\n\nw6\n")
     out = tmp_path / "draft"
-    done = run_cli("zoo", "ngram", str(model), "--out", str(out), "--prompts", str(prompts), "--new-tokens", "12", "--json")
+    done = run_cli("zoo", "ngram", str(model), "--out", str(out), "--prompts", str(prompts), "--new-tokens", "12",
+                   "--json")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["prompts"] == 3 and 3 <= report["tokens"] <= 36 and report["draft"] == f"ngram:{out}"

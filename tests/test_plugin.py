@@ -1,5 +1,6 @@
-"""A drafter plugin written from the docs alone: the example in docs/kinds.md is extracted from it, installed as a distribution with an entry point in the ``specdraft_eval.drafts`` group, and run by the
-Python API and by the stock ``lm_eval --model specdec``."""
+"""A drafter plugin written from the docs alone: the example in docs/kinds.md is extracted from it, installed as a
+distribution with an entry point in the ``specdraft_eval.drafts`` group, and run by the Python API and by the stock
+``lm_eval --model specdec``."""
 
 from __future__ import annotations
 
@@ -59,7 +60,8 @@ def test_readme_plugin_runs_under_lm_eval(tmp_path):
     done = run_cli("lm_eval", "--model", "specdec", "--model_args",
                    f"pretrained=smollm2-135m-instruct,draft={KIND},num_draft_tokens=2,baseline=true",
                    "--include_path", "tasks", "--tasks", "specdec_humaneval", "--limit", "2",
-                   "--gen_kwargs", "max_gen_toks=24", "--confirm_run_unsafe_code", "--output_path", str(tmp_path / "out"),
+                   "--gen_kwargs", "max_gen_toks=24", "--confirm_run_unsafe_code", "--output_path",
+                   str(tmp_path / "out"),
                    env={"PYTHONPATH": str(site), "HF_HUB_OFFLINE": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     block = json.loads(next((tmp_path / "out").rglob("results_*.json")).read_text())["config"]["specdec"]

@@ -50,12 +50,14 @@ def test_measurements_from_this_hardware_come_first(results):
 def test_auto_picks_the_run_of_the_runtime_it_runs_else_says_which_it_used(tmp_path):
     """A compiled run measured faster than an eager one: eager ``auto`` takes the eager run; a runtime nobody
     measured takes the fastest and names the runtime it was measured with."""
-    eager, compiled = Runtime("float32", "onednn", False, False, "sdpa"), Runtime("float32", "plain", True, True, "sdpa")
+    eager, compiled = Runtime("float32", "onednn", False, False, "sdpa"), Runtime("float32", "plain", True, True,
+                                                                                  "sdpa")
     write_result(tmp_path / "eager", "layers:0,1,2,3,4", 2.0, runtime=eager)
     write_result(tmp_path / "compiled", "prompt-lookup:3", 4.0, runtime=compiled)
     here = hardware("cpu")
     choice = recommend(TARGET, results=[tmp_path], hardware=here, runtime=eager)
-    assert (choice.draft, choice.runtime) == ("layers:0,1,2,3,4", eager) and "not the one asked for" not in choice.reason
+    assert (choice.draft, choice.runtime) == ("layers:0,1,2,3,4",
+                                              eager) and "not the one asked for" not in choice.reason
     assert recommend(TARGET, results=[tmp_path], hardware=here, runtime=compiled).draft == "prompt-lookup:3"
     bf16 = Runtime("bfloat16", "onednn", False, False, "sdpa")
     other = recommend(TARGET, results=[tmp_path], hardware=here, runtime=bf16)

@@ -224,7 +224,7 @@ def test_rank_warns_once_for_a_bad_file_in_a_folder_and_errors_for_a_named_one(t
     base = ["zoo", "rank", "--target", str(tiny), "--gpu", "h100", "--drafts", "prompt-lookup"]
     done = run_cli(*base, "--results", str(results), "--json")
     assert done.returncode == 0, done.stderr
-    warnings = [l for l in done.stderr.splitlines() if l.startswith("zoo: warning:")]
+    warnings = [line for line in done.stderr.splitlines() if line.startswith("zoo: warning:")]
     assert len(warnings) == 1 and str(path) in warnings[0] and MESSAGES[kind] in warnings[0]
     assert json.loads(done.stdout)["rows"][0]["predicted_tokens_per_second"] > 0
     assert_one_line_error(run_cli(*base, "--results", str(path)), str(path))
@@ -266,7 +266,8 @@ def test_rank_estimates_every_smaller_gamma_from_results(tiny, tmp_path):
     assert set(row["predicted_by_gamma"]) == {"1", "2", "3"}
     assert "1: " in done.stdout and "3: " in done.stdout
     def source(gamma: str) -> str:
-        ranked = zoo_json("rank", "--target", str(tiny), "--gpu", "a100-80gb", "--results", str(results), "--gamma", gamma)
+        ranked = zoo_json("rank", "--target", str(tiny), "--gpu", "a100-80gb", "--results", str(results), "--gamma",
+                          gamma)
         return next(r for r in ranked["rows"] if r["draft"] == "prompt-lookup:3")["tar_source"]
 
     assert source("3").startswith("results γ=3") and source("1") == "estimate from γ=3 results"

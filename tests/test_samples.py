@@ -20,7 +20,8 @@ def line(subject: str, correct: bool, drafted_accepted: list[tuple[int, int]]) -
         stats.record_step(drafted, accepted)
     stats.generated_tokens = stats.accepted_tokens + stats.steps
     stats.decode_seconds, stats.baseline_tokens, stats.baseline_seconds = 1.0, stats.generated_tokens, 2.0
-    arguments = {"gen_args_0": {"arg_0": "Q?", "arg_1": {"until": ["\n"]}, "arg_2": {"specdec": stats.request_figures()}}}
+    arguments = {"gen_args_0": {"arg_0": "Q?", "arg_1": {"until": ["\n"]},
+                                "arg_2": {"specdec": stats.request_figures()}}}
     return json.dumps({"doc_id": 0, "doc": {"subject": subject}, "arguments": arguments, "metrics": ["exact_match"],
                        "exact_match": float(correct)})
 

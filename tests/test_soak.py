@@ -20,7 +20,8 @@ spec.loader.exec_module(soak_script)
 def test_500_requests_keep_memory_flat_and_answers_independent_of_their_predecessors():
     target = tiny_llama(seed=0)
     drafter = CompositeDrafter([PromptLookupDrafter(), ModelDrafter(layer_view(target, [0, 3]), "layers:0,3", 64)])
-    prompts = [torch.randint(0, 64, (4 + 3 * i,), generator=torch.Generator().manual_seed(i)).tolist() for i in range(7)]
+    prompts = [torch.randint(0, 64, (4 + 3 * i,),
+                             generator=torch.Generator().manual_seed(i)).tolist() for i in range(7)]
     report = soak_script.soak(target, drafter, prompts, requests=500, new_tokens=8)
     assert report["distinct_predecessors_min"] >= 5  # each prompt asked after several different ones
     assert report["requests_differing_from_first_answer"] == []

@@ -42,7 +42,8 @@ def generate(model, tokenizer, specs: list[str], work: Workload = Workload()) ->
     for spec in specs:
         draft = load_draft(spec, Target(model, tokenizer))
         out[spec] = [speculative_generate(model, draft, p, tokens, num_draft_tokens=4)[0] for p in prompts[:singles]]
-        out[f"{spec} batch"] = speculative_generate_batch(model, draft, prompts, DecodeParams(tokens), num_draft_tokens=4)[0]
+        out[f"{spec} batch"] = speculative_generate_batch(model, draft, prompts, DecodeParams(tokens),
+                                                          num_draft_tokens=4)[0]
         if work.sampled:
             sampled = DecodeParams(tokens, do_sample=True, temperature=1.0, seed=3)
             out[f"{spec} sampled"] = speculative_generate_batch(model, draft, prompts, sampled, num_draft_tokens=4)[0]

@@ -47,7 +47,8 @@ class RandomTree(DrafterBase):
             depths.append(1 + (depths[parent] if parent >= 0 else 0))
         order = sorted(range(len(nodes)), key=lambda i: (depths[i], draw.random()))  # siblings shuffled
         where = {old: new for new, old in enumerate(order)}
-        return Proposal([nodes[i] for i in order], parents=[where[parents[i]] if parents[i] >= 0 else -1 for i in order])
+        return Proposal([nodes[i] for i in order],
+                        parents=[where[parents[i]] if parents[i] >= 0 else -1 for i in order])
 
 
 @pytest.fixture(scope="module")
@@ -223,7 +224,8 @@ def test_prompt_lookup_trees_propose_every_match_and_keep_the_targets_tokens(tar
     rows = [[3, 9, 3, 9, 4, 3, 9, 5, 3, 9, 3][: n] for n in (11, 7, 9)]
     expected = [hf_greedy(target, torch.tensor([row]), 30) for row in rows]
     for static in (False, True):
-        assert speculative_generate_batch(target, draft, rows, 30, num_draft_tokens=6, static_cache=static)[0] == expected
+        assert speculative_generate_batch(target, draft, rows, 30, num_draft_tokens=6,
+                                          static_cache=static)[0] == expected
 
 
 @pytest.mark.parametrize("arg", ["3x", "3xa", "x2", "3x0"])

@@ -63,7 +63,8 @@ def test_prediction_never_reads_the_runs_own_seconds():
     fast = run_counts(draft_seconds=0.1, verify_seconds=0.2, decode_seconds=0.31, prefill_seconds=0.05)
     slow = replace(fast, draft_seconds=90.0, verify_seconds=120.0, decode_seconds=500.0, prefill_seconds=9.0)
     assert predicted_from_latencies(fast, LATENCIES) == predicted_from_latencies(slow, LATENCIES)
-    assert predicted_from_latencies(fast, replace(LATENCIES, t_draft_ms=10.0)) < predicted_from_latencies(fast, LATENCIES)
+    assert predicted_from_latencies(fast, replace(LATENCIES, t_draft_ms=10.0)) < predicted_from_latencies(fast,
+                                                                                                          LATENCIES)
 
 
 def test_missing_verify_size_gives_no_prediction():
@@ -88,7 +89,8 @@ def test_validate_cli_rows_plot_and_figures(tiny, tmp_path):
                    "--json", env={"SPECDRAFT_EVAL_CACHE": str(tmp_path / "cache")})
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads(done.stdout)
-    assert {(r["draft"], r["gamma"]) for r in rows} == {(d, g) for d in ("prompt-lookup:3", "layers:0,1") for g in (1, 2)}
+    assert {(r["draft"], r["gamma"]) for r in rows} == {(d, g) for d in ("prompt-lookup:3", "layers:0,1") for g in (1,
+                                                                                                                    2)}
     for row in rows:
         assert {"draft", "gamma", "predicted_speedup", "measured_speedup", "speedup_deviation",
                 "predicted_tokens_per_second", "measured_tokens_per_second", "deviation"} <= set(row)
@@ -103,7 +105,8 @@ def test_validate_cli_rows_plot_and_figures(tiny, tmp_path):
 
 
 def test_validate_bad_input(tiny):
-    assert_one_line_error(run_cli("zoo", "validate", "--target", str(tiny), "--prompts", "0"), "--prompts 0 must be >= 1")
+    assert_one_line_error(run_cli("zoo", "validate", "--target", str(tiny), "--prompts", "0"),
+                          "--prompts 0 must be >= 1")
     assert_one_line_error(run_cli("zoo", "validate", "--target", str(tiny), "--gamma", "0"), "bad --gamma")
 
 

@@ -22,7 +22,8 @@ from specdraft_eval import load_draft, load_target, published
 from specdraft_eval.integration.recommend import resolve_auto
 target = load_target("smollm2-135m-instruct")
 draft = load_draft(resolve_auto(target).draft, target)
-print(json.dumps({"auto": draft.name, "published": str(published.base()), "module": __import__("specdraft_eval").__file__}))
+module = __import__("specdraft_eval").__file__
+print(json.dumps({"auto": draft.name, "published": str(published.base()), "module": module}))
 """
 
 

@@ -133,7 +133,8 @@ def test_profile_sweep_covers_depth_and_width_and_is_fitted(tmp_path):
 @pytest.mark.parametrize("gpu", ["h100", "this"])
 def test_rank_measures_and_orders(tiny, gpu, tmp_path):
     rows = zoo_json("rank", "--target", str(tiny), "--gpu", gpu, "--drafts", "prompt-lookup", "--drafts", "layers:0-1",
-                    "--measure", "2", "--gamma", "1,2", "--max-new-tokens", "8", env={"SPECDRAFT_EVAL_CACHE": str(tmp_path)})["rows"]
+                    "--measure", "2", "--gamma", "1,2", "--max-new-tokens", "8",
+                    env={"SPECDRAFT_EVAL_CACHE": str(tmp_path)})["rows"]
     assert [r["draft"] for r in rows] != [] and len(rows) == 2
     predicted = [r["predicted_tokens_per_second"] for r in rows]
     assert predicted == sorted(predicted, reverse=True)
@@ -161,7 +162,8 @@ def test_pull_offline_answers_from_cache_and_checks_tokenizer(tiny, tmp_path):
     env = {"HF_HUB_CACHE": str(tmp_path), "HF_HUB_OFFLINE": "1"}
     result = zoo_json("pull", "acme/tiny", "--target", str(tiny), env=env)
     assert Path(result["path"]) == snapshot and result["tokenizer_check"] == f"matches {tiny}"
-    assert_one_line_error(run_cli("zoo", "pull", "acme/absent", env=env), "not in the Hugging Face cache and HF_HUB_OFFLINE is set")
+    assert_one_line_error(run_cli("zoo", "pull", "acme/absent", env=env),
+                          "not in the Hugging Face cache and HF_HUB_OFFLINE is set")
     assert_one_line_error(run_cli("zoo", "pull", "nonsense", env=env), "unknown draft 'nonsense'")
 
 

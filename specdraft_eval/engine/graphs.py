@@ -29,7 +29,6 @@ from specdraft_eval.measure.timers import clock
 log = logging.getLogger(__name__)
 CAPACITY_STEP = ATTEND_STEP  # a static cache's positions are a multiple of this (and of every compiled reach)
 GRAPH_LIMIT = 64  # dynamo's graphs per code object: batch buckets x capacities x 3
-_RUNTIMES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {compile: StaticRuntime}
 
 
 def bucket(rows: int) -> int:
@@ -131,14 +130,32 @@ class StaticRuntime:
         return clock(device) - start
 
 
+class Runtimes:
+    """Each model's static runtimes (compiled or not), kept while the model lives: a run's requests share them."""
+
+    def __init__(self) -> None:
+        self._kept: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {compile: StaticRuntime}
+
+    def get(self, model: torch.nn.Module, positions: int, compile: bool) -> StaticRuntime:
+        """``model``'s runtime (compiled or not, as asked) for requests of up to ``positions`` cached positions: the
+        one it has when that holds them, else a new one of ``positions`` rounded up to :data:`CAPACITY_STEP`, which
+        replaces it (so a run's requests share one shape, and its capacity only grows)."""
+        kept = self._kept.setdefault(model, {})
+        current = kept.get(compile)
+        if current is not None and current.capacity >= positions:
+            return current
+        capacity = -(-positions // CAPACITY_STEP) * CAPACITY_STEP
+        kept[compile] = fresh = StaticRuntime(model, capacity, compile)
+        return fresh
+
+    def clear(self) -> None:
+        """Forget every runtime (fresh ones, fresh compiles: tests)."""
+        self._kept = weakref.WeakKeyDictionary()
+
+
+RUNTIMES = Runtimes()
+
+
 def runtime(model: torch.nn.Module, positions: int, compile: bool) -> StaticRuntime:
-    """``model``'s runtime (compiled or not, as asked) for requests of up to ``positions`` cached positions: the one
-    it has when that holds them, else a new one of ``positions`` rounded up to :data:`CAPACITY_STEP`, which
-    replaces it (so a run's requests share one shape, and its capacity only grows)."""
-    kept = _RUNTIMES.setdefault(model, {})
-    current = kept.get(compile)
-    if current is not None and current.capacity >= positions:
-        return current
-    capacity = -(-positions // CAPACITY_STEP) * CAPACITY_STEP
-    kept[compile] = fresh = StaticRuntime(model, capacity, compile)
-    return fresh
+    """:meth:`Runtimes.get` of the process's runtimes."""
+    return RUNTIMES.get(model, positions, compile)
