@@ -23,12 +23,28 @@ ROOT = Path(__file__).resolve().parents[1]
 OURS = ("specdraft", "specdraft dynamic γ", "specdraft plain")
 
 
-def bench(code: Path, args: argparse.Namespace) -> dict[tuple[str, str | None], float]:
-    """One ``zoo bench`` run of the code under ``code``: tokens/s (median over its repeats) per engine and draft."""
+def kinds_site(code: Path, site: Path) -> Path:
+    """A site folder declaring the draft kinds as ``code``'s own ``pyproject.toml`` declares them: on ``PYTHONPATH``
+    after the code and before the installed package, it makes each revision load its own kinds' entry points."""
+    import tomllib
+
+    declared = tomllib.loads((code / "pyproject.toml").read_text())["project"]["entry-points"]["specdraft_eval.drafts"]
+    info = site / "specdraft_eval-0.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: specdraft_eval\nVersion: 0\n")
+    (info / "entry_points.txt").write_text("[specdraft_eval.drafts]\n"
+                                           + "".join(f"{name} = {value}\n" for name, value in declared.items()))
+    return site
+
+
+def bench(code: Path, args: argparse.Namespace, site: Path) -> dict[tuple[str, str | None], float]:
+    """One ``zoo bench`` run of the code under ``code`` (its kinds declared by ``site``): tokens/s (median over its
+    repeats) per engine and draft."""
     argv = ["zoo", "bench", "--target", args.target, "--limit", str(args.limit), "--repeats", "1",
             "--max-new-tokens", str(args.max_new_tokens), "--json"] + [a for d in args.drafts for a in ("--drafts", d)]
     done = subprocess.run([sys.executable, "-c", f"import sys; sys.argv = {argv!r}; from zoo.cli import app; app()"],
-                          env={**os.environ, "PYTHONPATH": str(code)}, capture_output=True, text=True, cwd=code)
+                          env={**os.environ, "PYTHONPATH": f"{code}{os.pathsep}{site}"}, capture_output=True,
+                          text=True, cwd=code)
     if done.returncode:
         raise SystemExit(f"zoo bench failed in {code}: {done.stderr.strip().splitlines()[-1]}")
     rows = json.loads(done.stdout)["configs"]
@@ -50,10 +66,12 @@ def main() -> None:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-f", "--detach", str(other), args.rev],
                        check=True, capture_output=True)
         try:
+            sites = {"rev": kinds_site(other, Path(tmp) / "rev-site"),
+                     "tree": kinds_site(ROOT, Path(tmp) / "tree-site")}
             runs: dict[str, list[dict]] = {"rev": [], "tree": []}
             for _ in range(args.rounds):  # alternated, so a drift of the machine hits both sides alike
-                runs["rev"].append(bench(other, args))
-                runs["tree"].append(bench(ROOT, args))
+                runs["rev"].append(bench(other, args, sites["rev"]))
+                runs["tree"].append(bench(ROOT, args, sites["tree"]))
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(other)], capture_output=True)
     print(f"tokens/s, median [min–max] over {args.rounds} alternated rounds; {args.rev} vs this tree")

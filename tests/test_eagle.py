@@ -256,8 +256,8 @@ def test_train_head_learns_and_resumes(tmp_path, tiny_dir):
     result = train_head(str(tiny_dir), out, settings, log=lines.append)
     assert "resuming at step 50" in lines and not work.exists()
     untrained = HeadTraining(str(_prompts(tmp_path)), steps=1, **{**SMALL, "lr": 0.0})
-    baseline = train_head(str(tiny_dir), tmp_path / "untrained", untrained)["top1_agreement_by_step"]
-    trained = result["top1_agreement_by_step"]
+    baseline = train_head(str(tiny_dir), tmp_path / "untrained", untrained).record["top1_agreement_by_step"]
+    trained = result.record["top1_agreement_by_step"]
     assert trained[0] > baseline[0] + 0.2 and trained[1] > baseline[1] + 0.1, (trained, baseline)
     loaded = LoadSettings().load(str(tiny_dir))
     target = loaded.model
@@ -351,14 +351,14 @@ def test_train_head_kind_eagle3_learns_in_speculators_layout(tmp_path):
     result = train_head(str(tiny), tmp_path / "head3", settings)
     untrained = train_head(str(tiny), tmp_path / "untrained3", HeadTraining(
         str(_prompts(tmp_path)), steps=1, kind="eagle3", **{**SMALL, "lr": 0.0}))
-    trained, baseline = result["top1_agreement_by_step"], untrained["top1_agreement_by_step"]
+    trained, baseline = result.record["top1_agreement_by_step"], untrained.record["top1_agreement_by_step"]
     assert len(trained) == 3 and all(t > b + 0.05 for t, b in zip(trained, baseline)), (trained, baseline)
     config = json.loads((tmp_path / "head3" / "config.json").read_text())
     assert config["speculators_model_type"] == "eagle3" and config["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
     assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 3
     assert speculative_config(f"eagle:{tmp_path / 'head3'}", 3)["method"] == "eagle3"
     loaded = LoadSettings().load(str(tiny))
-    draft = load_draft(result["draft"], loaded)
+    draft = load_draft(result.draft, loaded)
     assert draft.taps == (2, 4, 5)
     for prompt in PROMPTS[1:]:
         assert speculative_generate(loaded.model, draft, prompt, 30, num_draft_tokens=4)[0] == \

@@ -143,13 +143,13 @@ def test_train_head_kind_medusa_learns_and_its_heads_load_and_stay_lossless(tmp_
     result = train_head(str(tiny), tmp_path / "heads", settings)
     untrained = train_head(str(tiny), tmp_path / "untrained", HeadTraining(
         str(_prompts(tmp_path)), steps=1, kind="medusa", medusa_heads=2, **{**SMALL, "lr": 0.0}))
-    trained, baseline = result["top1_agreement_by_head"], untrained["top1_agreement_by_head"]
-    assert result["draft"] == f"medusa:{tmp_path / 'heads'}" and len(trained) == 2
+    trained, baseline = result.record["top1_agreement_by_head"], untrained.record["top1_agreement_by_head"]
+    assert result.draft == f"medusa:{tmp_path / 'heads'}" and len(trained) == 2
     assert trained[0] > baseline[0] + 0.1, (trained, baseline)
     config = json.loads((tmp_path / "heads" / "config.json").read_text())
     assert (config["medusa_num_heads"], config["medusa_num_layers"]) == (2, 1)
     loaded = LoadSettings().load(str(tiny))
-    draft = load_draft(result["draft"], loaded)
+    draft = load_draft(result.draft, loaded)
     for prompt in SEQUENCES:
         assert speculative_generate(loaded.model, draft, prompt, 30, num_draft_tokens=4)[0] == \
             autoregressive_generate(loaded.model, prompt, 30)[0]
@@ -159,7 +159,7 @@ def test_train_head_kind_medusa_learns_and_its_heads_load_and_stay_lossless(tmp_
     config = json.loads((tmp_path / "cut" / "config.json").read_text())
     assert (config["model_type"], config["num_heads"], config["vocab_size"], config["truncated_vocab_size"]) == \
         ("medusa", 2, VOCAB, 16)
-    draft = load_draft(cut["draft"], loaded)
+    draft = load_draft(cut.draft, loaded)
     assert draft.model.out[0].out_features == 16 and len(set(draft.model.token_map.tolist())) == 16
     for prompt in SEQUENCES:
         assert speculative_generate(loaded.model, draft, prompt, 30, num_draft_tokens=4)[0] == \

@@ -28,7 +28,7 @@ def pull(
     cache)."""
     from zoo.pull import pull as do_pull
 
-    emit(do_pull(name, revision, target), as_json)
+    emit(do_pull(name, revision, target).to_json(), as_json)
 
 
 @cli_errors
@@ -50,7 +50,8 @@ vocab_top: VocabTopOpt = None,
 
     pruning = Pruning(layers, keep, select, calibration, distill_tokens, on_policy, vocab_top)
     with progress("distilling") as tick:
-        emit(make_draft(model, out, pruning, load_settings(device, dtype, use_kernels, "plain"), tick), as_json)
+        emit(make_draft(model, out, pruning, load_settings(device, dtype, use_kernels, "plain"), tick).to_json(),
+             as_json)
 
 
 @cli_errors
@@ -66,7 +67,7 @@ def ngram(
 
     settings = load_settings(device, dtype, use_kernels)
     with progress("continuing prompts") as tick:
-        emit(make_draft(model, out, prompts, new_tokens, max_prompts, settings, tick), as_json)
+        emit(make_draft(model, out, prompts, new_tokens, max_prompts, settings, tick).to_json(), as_json)
 
 
 @cli_errors
@@ -98,7 +99,7 @@ def train_head(
                             medusa_heads=medusa_heads, unroll=unroll, text=text,
                             text_tokens=text_tokens)
     with progress("continuing prompts, then training") as tick:
-        emit(run(model, out, settings, load_settings(device, dtype, False, kernels="plain"), tick), as_json)
+        emit(run(model, out, settings, load_settings(device, dtype, False, kernels="plain"), tick).to_json(), as_json)
 
 
 @cli_errors
@@ -120,7 +121,6 @@ def export(
     typer.echo(f"{result.method} head for {to} written to {result.path}; serve it with {serve}")
     for note in result.notes:
         typer.echo(f"note: {note}")
-
 
 
 COMMANDS = {"pull": pull, "prune": prune, "ngram": ngram, "train-head": train_head, "export": export}

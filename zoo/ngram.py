@@ -15,6 +15,7 @@ from specdraft_eval.drafts.ngram import save_continuations
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.files import atomic_output
 from specdraft_eval.models.targets import LoadSettings
+from zoo.built import Built
 from zoo.held_in import check_out, generate_batches, ngram_prompts
 from zoo.progress import Tick, no_progress
 
@@ -44,7 +45,7 @@ def build(target, tokenizer, target_name: str, prompts: list[str], new_tokens: i
 
 
 def make_draft(model: str, out: Path, prompts: str | None, new_tokens: int, max_prompts: int,
-               settings: LoadSettings = LoadSettings(kernels="onednn"), tick: Tick = no_progress) -> dict:
+               settings: LoadSettings = LoadSettings(kernels="onednn"), tick: Tick = no_progress) -> Built:
     """``zoo ngram``: continue held-in prompts with ``model`` (loaded with ``settings``) and save the n-gram draft
     at ``out``."""
     check_out(out)
@@ -53,4 +54,4 @@ def make_draft(model: str, out: Path, prompts: str | None, new_tokens: int, max_
     target, tokenizer = loaded.model, loaded.tokenizer
     tick(0, total=len(texts))
     meta = build(target, tokenizer, model, texts, new_tokens, out, on_batch=tick)
-    return {"out": str(out), "draft": f"ngram:{out}", **meta}
+    return Built(str(out), f"ngram:{out}", meta)

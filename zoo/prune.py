@@ -26,6 +26,7 @@ from specdraft_eval.integration.offline_data import (
     task_prompts,
 )
 from specdraft_eval.models.targets import LoadSettings
+from zoo.built import Built
 from zoo.held_in import HELD_OUT, check_out
 from zoo.progress import Tick, no_progress
 
@@ -196,7 +197,7 @@ class Pruning:
 
 
 def make_draft(model: str, out: Path, pruning: Pruning, settings: LoadSettings = LoadSettings(),
-               tick: Tick = no_progress) -> dict:
+               tick: Tick = no_progress) -> Built:
     """``zoo prune``: load ``model`` (with ``settings``: distillation runs on its device), keep its chosen layers,
     optionally distil and give a reduced head, save the draft at ``out`` atomically; return what was built."""
     layers, keep, select, calibration = pruning.layers, pruning.keep, pruning.select, pruning.calibration
@@ -220,6 +221,6 @@ def make_draft(model: str, out: Path, pruning: Pruning, settings: LoadSettings =
         tick(0, total=distill_tokens)
         meta["distillation"] = distill(draft, source, tokenizer, texts, distill_tokens, on_step=tick)
     save_atomically(draft, tokenizer, out, meta, draft_vocab)
-    return {"out": str(out), **{k: meta[k] for k in ("kept_layers", "select", "distill_tokens", "vocab_top")},
-            **({"kl_first": meta["distillation"]["kl_first"], "kl_last": meta["distillation"]["kl_last"]}
-               if distill_tokens else {})}
+    return Built(str(out), str(out), {**{k: meta[k] for k in ("kept_layers", "select", "distill_tokens", "vocab_top")},
+                                      **({"kl_first": meta["distillation"]["kl_first"],
+                                          "kl_last": meta["distillation"]["kl_last"]} if distill_tokens else {})})

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from specdraft_eval.errors import SpecdecError
 from zoo import catalog
+from zoo.built import Pulled
 
 
 def _interruptible(fn, *args, **kwargs):
@@ -45,7 +46,7 @@ def _remove_partial_files(repo_id: str, before: set[Path]) -> None:
         partial.unlink(missing_ok=True)
 
 
-def pull(name: str, revision: str | None = None, target: str | None = None) -> dict:
+def pull(name: str, revision: str | None = None, target: str | None = None) -> Pulled:
     """Download (or, offline, find in the cache) ``name``; check its tokenizer against ``target``."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
@@ -77,14 +78,12 @@ def pull(name: str, revision: str | None = None, target: str | None = None) -> d
         raise SpecdecError(f"bad hub id {repo_id!r}: use org/name") from exc
     except OSError as exc:
         raise SpecdecError(f"cannot download {repo_id}: {exc}") from exc
-    result = {"draft": repo_id, "path": path, "revision": revision or "main", "tokenizer_check": "skipped"}
-    if target is not None:
-        from transformers import AutoTokenizer
+    if target is None:
+        return Pulled(repo_id, path, revision or "main")
+    from transformers import AutoTokenizer
 
-        from specdraft_eval.drafts import check_tokenizers
-        from specdraft_eval.models.targets import load_target
+    from specdraft_eval.drafts import check_tokenizers
+    from specdraft_eval.models.targets import load_target
 
-        target_tokenizer = load_target(target).tokenizer
-        check_tokenizers(target_tokenizer, AutoTokenizer.from_pretrained(path), repo_id)
-        result["tokenizer_check"] = f"matches {target}"
-    return result
+    check_tokenizers(load_target(target).tokenizer, AutoTokenizer.from_pretrained(path), repo_id)
+    return Pulled(repo_id, path, revision or "main", f"matches {target}")

@@ -55,6 +55,7 @@ from specdraft_eval.errors import SpecdecError
 from specdraft_eval.files import atomic_output, write_json
 from specdraft_eval.models import kernels
 from specdraft_eval.models.targets import LoadSettings
+from zoo.built import Built
 from zoo.held_in import check_out, generate_batches, ngram_prompts
 from zoo.progress import Tick, no_progress
 
@@ -379,7 +380,7 @@ def _train(run: _Run, trainable, losses, sequences, features, rng: random.Random
 
 
 def train_head(model: str, out: Path, settings: HeadTraining = HeadTraining(), load: LoadSettings = LoadSettings(),
-               tick: Tick = no_progress, log=lambda line: None) -> dict:
+               tick: Tick = no_progress, log=lambda line: None) -> Built:
     """``zoo train-head``: build (or resume) the data and the head for ``model``, save it at ``out`` atomically;
     return what was built and measured."""
     check_out(out)
@@ -443,8 +444,8 @@ def train_head(model: str, out: Path, settings: HeadTraining = HeadTraining(), l
     with atomic_output(out, directory=True) as tmp:
         recipe.save(tmp, meta)
     shutil.rmtree(work.path, ignore_errors=True)
-    return {"out": str(out), "draft": f"{'medusa' if settings.medusa else 'eagle'}:{out}",
-            "parameters": sum(p.numel() for p in trainable), **meta["training"]}
+    return Built(str(out), f"{'medusa' if settings.medusa else 'eagle'}:{out}",
+                 {"parameters": sum(p.numel() for p in trainable), **meta["training"]})
 
 
 @dataclass

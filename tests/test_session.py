@@ -1,0 +1,41 @@
+"""engine.session.Session: a run's batches with the baseline beside them, the greedy check and per-task figures."""
+
+from __future__ import annotations
+
+from conftest import tiny_llama
+
+from specdraft_eval.drafts.prompt_lookup import KIND
+from specdraft_eval.engine import session as session_module
+from specdraft_eval.engine.loop import autoregressive_generate
+from specdraft_eval.engine.params import DecodeParams, GammaPolicy, RunSettings
+from specdraft_eval.engine.session import Session
+
+PROMPTS = [[3, 4, 5, 5, 5, 3, 4], [7, 8, 9, 7, 8], [2, 2, 2]]
+
+
+def test_a_session_runs_batches_with_the_baseline_and_sums_per_task():
+    target = tiny_llama()
+    session = Session(target, KIND.load("3", None), RunSettings(GammaPolicy(3)), baseline=True)
+    first = session.generate(PROMPTS[:2], DecodeParams(16), task="a")
+    second = session.generate(PROMPTS[2:], DecodeParams(16), task="b")
+    plain = [autoregressive_generate(target, prompt, 16)[0] for prompt in PROMPTS]
+    assert first.outputs + second.outputs == plain and not first.divergences + second.divergences
+    assert session.stats["a"].generated_tokens == session.stats["a"].baseline_tokens == 32
+    assert session.stats["b"].generations == 1 and session.stats["a"].baseline_mismatches == 0
+    assert [r.generated_tokens for r in first.per_request] == [r.baseline_tokens for r in first.per_request] == [16, 16]
+
+
+def test_a_session_counts_a_divergence_with_its_index(monkeypatch):
+    """Negative control: a baseline that differs at token 5 is counted, with the index and the logit margin."""
+    real = session_module.autoregressive_generate_batch
+
+    def shifted(*args, **kwargs):
+        outputs, stats = real(*args, **kwargs)
+        return [row[:5] + [(row[5] + 1) % 64] + row[6:] for row in outputs], stats
+
+    monkeypatch.setattr(session_module, "autoregressive_generate_batch", shifted)
+    session = Session(tiny_llama(), KIND.load("3", None), RunSettings(GammaPolicy(3)), baseline=True)
+    batch = session.generate(PROMPTS[:1], DecodeParams(16), task="t")
+    [where] = batch.divergences
+    assert where.index == 5 and where.task == "t" and where.logit_margin is not None
+    assert session.stats["t"].baseline_mismatches == 1 and session.divergences == [where]
