@@ -288,10 +288,17 @@ class BatchCache:
         self.storage = GrowingStorage() if static is None else StaticStorage(static)
         bucket = rows if static is None else (bucket or rows)
         self.rows = RowLayout(rows, bucket, always_masked=static is not None and bucket > 1)
-        self.cache = self.storage.cache
-        self.capacity = self.storage.capacity
         self.step: Callable | None = None
         self._appended: list[int] = []  # tokens each row fed in the last forward pass
+
+    @property
+    def cache(self) -> Cache:
+        return self.storage.cache
+
+    @property
+    def capacity(self) -> int | None:
+        """Usable positions of a static cache; None: a growing one."""
+        return self.storage.capacity
 
     @property
     def columns(self) -> int:

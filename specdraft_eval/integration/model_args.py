@@ -61,17 +61,19 @@ class SpecdecArgs:
     def take(cls, model_args: dict) -> SpecdecArgs:
         """Ours taken out of ``model_args`` (the rest is the hf model's) and checked, each with a one-line error."""
         given = {f.name: model_args.pop(f.name) for f in fields(cls) if f.name in model_args}
-        flags = {name: as_bool(name, given[name]) for name in ("baseline", "use_kernels", "static_cache", "compile",
-                                                                "dynamic_gamma") if given.get(name) is not None}
-        args = cls(**given | flags)
-        if args.score not in SCORED:
-            raise SpecdecError(f"model_args score={args.score!r}: use score=target or score=draft")
-        gamma = None if args.num_draft_tokens is None else as_positive_int("num_draft_tokens", args.num_draft_tokens)
-        seed = None if args.seed is None else int(args.seed)
-        compiled = args.compile
-        return cls(args.draft, gamma, args.dynamic_gamma, args.baseline, seed,
-                   kernel_paths.choose(args.kernels, compiled), args.use_kernels, args.static_cache or compiled,
-                   compiled, args.score)
+        for name in ("baseline", "use_kernels", "static_cache", "compile", "dynamic_gamma"):
+            if given.get(name) is not None:
+                given[name] = as_bool(name, given[name])
+        if given.get("num_draft_tokens") is not None:
+            given["num_draft_tokens"] = as_positive_int("num_draft_tokens", given["num_draft_tokens"])
+        if given.get("seed") is not None:
+            given["seed"] = int(given["seed"])
+        if given.get("score", "target") not in SCORED:
+            raise SpecdecError(f"model_args score={given['score']!r}: use score=target or score=draft")
+        compiled = given.get("compile", False)  # compiled steps need a static cache and plain kernels by default
+        given |= {"kernels": kernel_paths.choose(given.get("kernels"), compiled),
+                  "static_cache": given.get("static_cache", False) or compiled}
+        return cls(**given)
 
     def run(self, gamma: int = DEFAULT_GAMMA, dynamic: bool = False) -> RunSettings:
         """The run's engine settings: γ and dynamic γ as given, else ``gamma`` and ``dynamic`` (``auto``'s)."""
