@@ -94,7 +94,7 @@ def test_bench_compile_runs_compiled_configurations_beside_the_eager_ones(tiny, 
 
     real = torch.compile
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: real(fn, **{**kw, "backend": "eager", "mode": None}))
-    graphs.RUNTIMES.clear()
+    monkeypatch.setattr(graphs, "RUNTIMES", graphs.Runtimes())  # fresh runtimes, the old ones back after
     torch._dynamo.reset()
     plan = bench_result.BenchPlan(2, 1, 8, compile=True)
     result = bench_run.bench(str(tiny), ["prompt-lookup"], load_prompts(None, prompts_file, 2), plan,

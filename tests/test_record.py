@@ -259,7 +259,8 @@ def test_profile_then_rank_runs_clean(tiny, tmp_path):
 def test_rank_estimates_every_smaller_gamma_from_results(tiny, tmp_path):
     results = tmp_path / "results"
     good_results(results, target=str(tiny), gamma=3)
-    done = run_cli("zoo", "rank", "--target", str(tiny), "--gpu", "a100-80gb", "--results", str(results))
+    done = run_cli("zoo", "rank", "--target", str(tiny), "--gpu", "a100-80gb", "--results", str(results),
+                   "--verbose")
     assert done.returncode == 0, done.stderr
     rows = zoo_json("rank", "--target", str(tiny), "--gpu", "a100-80gb", "--results", str(results))["rows"]
     row = next(r for r in rows if r["draft"] == "prompt-lookup:3")

@@ -69,7 +69,7 @@ def test_a_failed_compile_falls_back_with_one_warning(target, monkeypatch, caplo
         return call
 
     monkeypatch.setattr(torch, "compile", broken)
-    graphs.RUNTIMES.clear()
+    monkeypatch.setattr(graphs, "RUNTIMES", graphs.Runtimes())  # fresh runtimes, the old ones back after
     prompt = torch.arange(2, 12)[None]
     with caplog.at_level(logging.WARNING, logger="specdraft_eval.engine.graphs"):
         out, _ = speculative_generate(target, drafts(target)["prompt-lookup"], prompt, 20, compile=True)
@@ -117,7 +117,7 @@ def dynamo_only(monkeypatch):
     counts exactly as with inductor, in a fraction of the time; fresh runtimes and dynamo caches."""
     real = torch.compile
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: real(fn, **{**kw, "backend": "eager", "mode": None}))
-    graphs.RUNTIMES.clear()
+    monkeypatch.setattr(graphs, "RUNTIMES", graphs.Runtimes())  # fresh runtimes, the old ones back after
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
@@ -179,7 +179,7 @@ def test_compiled_tree_steps_compile_in_the_warm_up_only(dynamo_only, monkeypatc
         assert out == [hf_greedy(target, torch.tensor([row]), 20) for row in rows]
         assert stats.recompiles == 0 and stats.trees
     assert graphs.compiled_graphs() - before <= 3 * 2  # width 1, wider chains, trees; buckets 1 and 4
-    graphs.RUNTIMES.clear()
+    monkeypatch.setattr(graphs, "RUNTIMES", graphs.Runtimes())  # fresh runtimes, the old ones back after
     draft.drafts_trees = False
     unwarmed = speculative_generate(target, draft, torch.arange(2, 12)[None], 20, num_draft_tokens=5, compile=True)[1]
     assert unwarmed.recompiles > 0
@@ -212,7 +212,7 @@ def test_the_count_fails_where_shapes_change_per_request(dynamo_only, monkeypatc
                                    compile=True, capacity=200)
     assert graphs.compiled_graphs() - before > 2 * 2
     monkeypatch.setattr(graphs.StaticRuntime, "warm_up", lambda self, cache, widths, trees=False: 0.0)
-    graphs.RUNTIMES.clear()
+    monkeypatch.setattr(graphs, "RUNTIMES", graphs.Runtimes())  # fresh runtimes, the old ones back after
     cold = speculative_generate(target, draft, torch.arange(2, 12)[None], 20, compile=True)[1]
     assert cold.recompiles > 0
 

@@ -148,10 +148,6 @@ class Runtimes:
         kept[compile] = fresh = StaticRuntime(model, capacity, compile)
         return fresh
 
-    def clear(self) -> None:
-        """Forget every runtime (fresh ones, fresh compiles: tests)."""
-        self._kept = weakref.WeakKeyDictionary()
-
 
 RUNTIMES = Runtimes()
 
