@@ -66,3 +66,21 @@ def test_readme_plugin_runs_under_lm_eval(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     block = json.loads(next((tmp_path / "out").rglob("results_*.json")).read_text())["config"]["specdec"]
     assert block["draft"] == KIND and block["draft_tokens"] > 0 and block["baseline_mismatches"] == 0
+
+
+def test_a_plugin_declaring_a_bare_build_function_is_refused_in_one_line(tmp_path):
+    """The old protocol (a ``build(arg, target)`` function as the entry point) is named, with the fix."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "old_kinds.py").write_text("def build(arg, target):\n    return None\n")
+    info = site / "old_kinds-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: old_kinds\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[specdraft_eval.drafts]\nold = old_kinds:build\n")
+    code = ("from specdraft_eval.drafts.spec import DraftSpec\nfrom specdraft_eval.errors import SpecdecError\n"
+            "try:\n    DraftSpec.parse('prompt-lookup')\nexcept SpecdecError as exc:\n    print(exc)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(site)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == ("draft kind entry point old = old_kinds:build is not a DraftKind named 'old': "
+                                   "point it at an instance of a DraftKind subclass")
