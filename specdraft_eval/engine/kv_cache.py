@@ -203,17 +203,16 @@ class RowLayout:
 
     def inputs(self, tokens: list[list[int]], start: int, keys: int, model, trees: list[list[int]] | None,
                widen: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None,
-                                                                     torch.Tensor | None, torch.Tensor]:
+                                                                     torch.Tensor | None]:
         """One step's ``tokens`` (every row of the bucket's, dead ones empty) as the model's input ids, attention mask
-        and position ids (None, None where no row needs them) and which columns are real ``[bucket, width]``:
-        shorter rows right-padded with masked columns; ``trees`` (per row, each new column's parent column, -1 for
-        the first) attend to the row's past and their own ancestors only, at position length + depth, as a 4D mask
-        over ``keys`` positions."""
+        and position ids (None, None where no row needs them): shorter rows right-padded with masked columns;
+        ``trees`` (per row, each new column's parent column, -1 for the first) attend to the row's past and their own
+        ancestors only, at position length + depth, as a 4D mask over ``keys`` positions."""
         device, width = model.device, max(len(row) for row in tokens)
         ids = torch.tensor([row + [0] * (width - len(row)) for row in tokens], dtype=torch.long, device=device)
         real = torch.tensor([[j < len(row) for j in range(width)] for row in tokens], device=device)  # [bucket, width]
         if self.mask is None and bool(real.all()) and trees is None and not self.always_masked:
-            return ids, None, None, real
+            return ids, None, None
         past = self.mask if self.mask is not None else torch.ones(self.bucket, start, dtype=torch.bool, device=device)
         offsets = torch.arange(width, device=device)[None, :].expand(self.bucket, -1)  # [bucket, width]
         if trees is not None:
@@ -230,7 +229,7 @@ class RowLayout:
             attention = widen(torch.cat([past, real], dim=1).long())  # [bucket, columns + width (or capacity + 1)]
         lengths = self.lengths + [0] * (self.bucket - len(self.lengths))
         position_ids = torch.tensor(lengths, device=device)[:, None] + offsets  # [bucket, width]
-        return ids, attention, position_ids, real
+        return ids, attention, position_ids
 
     def keep(self, kept: list[list[int]], columns: int, device) -> None:
         """Live row i kept its appended columns ``kept[i]`` of the last step (the cache now ends at the last column
@@ -338,7 +337,7 @@ class BatchCache:
                 raise SpecdecError(f"static KV cache of {self.capacity} positions is full: a bug, please report it")
         start = self.columns
         keys = self.storage.reach(start + width, self.step is not None, reach)  # what attention reads
-        ids, attention, position_ids, real = self.rows.inputs(tokens, start, keys, model, trees, self.storage.widen)
+        ids, attention, position_ids = self.rows.inputs(tokens, start, keys, model, trees, self.storage.widen)
         self.storage.attend(keys)
         logits = (self.step or model)(input_ids=ids, attention_mask=attention, position_ids=position_ids,
                                       cache=self.cache, use_cache=True,
