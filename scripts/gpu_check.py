@@ -1,6 +1,6 @@
 """The project's prepared GPU check: one command, no network, figures written after each part.
 
-    python scripts/gpu_check.py [--small] [--out DIR] [--parts 1,2,4,3,5,6] [--tokenizer DIR] [--compile]
+    python scripts/gpu_check.py [--small] [--out DIR] [--parts 1,2,4,3,5,6,7] [--tokenizer DIR] [--compile]
 
 Random-weight Llama shapes (no weights are needed; the output head is scaled so greedy choices are not
 near-ties everywhere), bf16 on the GPU (float32 with ``--small``, which runs the same code on the CPU with tiny
@@ -21,7 +21,9 @@ shapes in under 2 minutes):
    compiled and warmed up before the clock starts (warm-up seconds and graphs compiled in timed steps apart);
 6. the 7B shape through ``lm_eval`` with ``parallelize=true`` (accelerate spreading it over the visible GPUs) and,
    with more than one GPU, ``tp_plan=auto`` under ``torchrun`` over all of them (exit codes, TAR, speedup,
-   mismatches, one results file, the record's ``tensor_parallel``).
+   mismatches, one results file, the record's ``tensor_parallel``);
+7. the batch study on the 7B shape (batch 1, 4, 16, 64): an EAGLE head and prompt lookup at γ 4 and dynamic γ,
+   speculative against plain decoding of the same batches, draft milliseconds and host reads per pass.
 
 Writes ``gpu_check.json`` after each part and ``gpu.md`` (the tables) into ``--out``, and part 1's rows with their
 latency-model fit as ``sweep.json`` (the schema of ``zoo profile --sweep --out``: copy it beside the leaderboard's
@@ -319,7 +321,31 @@ def steady_steps(check: Check) -> None:
     check.results["steady"] = {"context": 128, "rows": rows}
 
 
-PARTS = {1: step_latency, 2: verify_cost, 3: bench, 4: lm_eval_run, 5: steady_steps, 6: sharded}
+def batch_sweep(check: Check) -> None:
+    """Part 7: the batch study on the 7B shape: batch 1, 4, 16, 64 (1, 2, 4 with ``--small``), an EAGLE head (one
+    layer + the target's output head) and prompt lookup, γ 4 and dynamic γ, speculative and plain interleaved."""
+    from specdraft_eval.drafts import load_draft
+    from specdraft_eval.drafts.eagle import EagleDrafter, new_head
+    from specdraft_eval.engine.params import GammaPolicy
+    from specdraft_eval.integration.offline_data import task_prompts
+    from specdraft_eval.models.targets import Target
+    from zoo.bench.batch import run_batch_study
+    from zoo.bench.result import BenchPlan
+
+    target, sizes = check.target(), (1, 2, 4) if check.small else (1, 4, 16, 64)
+    drafters = [EagleDrafter(new_head(target), target, "eagle-head", None),
+                load_draft("prompt-lookup", Target(target, check.tokenizer))]
+    prompts = task_prompts("specdec_humaneval")[: max(sizes)]
+    study = run_batch_study(target, check.tokenizer, drafters, prompts, list(sizes),
+                            BenchPlan(4, 1, check.args.new_tokens), policies=[GammaPolicy(4), GammaPolicy(4, True)],
+                            on_run=lambda: check.save())
+    check.results["batch_sweep"] = study.to_json()
+    for row in study.rows:
+        check.log(f"7 {row.draft:14s} γ={row.gamma:8s} batch {row.batch_size:3d} x{row.speedup:.2f} "
+                  f"draft {row.draft_ms_per_pass:.1f} ms/pass, reads/pass {row.host_reads_per_pass}")
+
+
+PARTS = {1: step_latency, 2: verify_cost, 3: bench, 4: lm_eval_run, 5: steady_steps, 6: sharded, 7: batch_sweep}
 
 
 def write_sweep(check: Check, rows: list[dict]) -> None:
@@ -389,6 +415,12 @@ def report(results: dict) -> str:
                 for r in results["lm_eval"]["runs"]]
         lines += ["## 4. `lm_eval --model specdec` on the device (4 x 1024 model, prompt lookup, `baseline=true`)", "",
                   _table(rows, list(rows[0])), ""]
+    if "batch_sweep" in results:
+        rows = [{**r, "tok/s": r["tokens_per_second"]["median"], "plain tok/s": r["plain_tokens_per_second"]["median"]}
+                for r in results["batch_sweep"]["rows"]]
+        lines += ["## 7. Batches on the 7B shape: EAGLE head and prompt lookup, γ 4 and dynamic", "",
+                  _table(rows, ["draft", "gamma", "batch_size", "tok/s", "plain tok/s", "speedup", "tar", "mean_gamma",
+                                "draft_ms_per_pass", "host_reads_per_pass"]), ""]
     if "steady" in results:
         lines += ["## 5. Steady decoding on the 7B shape: growing cache, static cache, compiled steps", "",
                   _table(results["steady"]["rows"], ["runtime", "steps", "plain_ms_median", "plain_max_over_median",
@@ -403,7 +435,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--small", action="store_true", help="tiny shapes on the CPU (a rehearsal, under 2 minutes)")
     parser.add_argument("--out", default=os.environ.get("OUT") or "gpu_check_out", help="folder for the figures")
-    parser.add_argument("--parts", default="1,2,4,3,5,6", help="which parts to run, in this order (comma-separated)")
+    parser.add_argument("--parts", default="1,2,4,3,5,6,7", help="which parts to run, in this order (comma-separated)")
     parser.add_argument("--tokenizer", help="tokenizer folder (default: the embedded default target's)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10, help="timed steps per measurement")

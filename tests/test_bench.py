@@ -69,7 +69,8 @@ def test_bench_catches_a_draft_that_changes_the_output(tiny, prompts_file, monke
     """A broken verifier (accepting every draft token) must be reported, not hidden."""
     from specdraft_eval.engine import verify
 
-    monkeypatch.setattr(verify, "accept", lambda logits, proposal, sampler: (list(range(len(proposal.tokens))), 5))
+    monkeypatch.setattr(verify, "accept", lambda logits, proposals, samplers: [(list(range(len(p.tokens))), 5)
+                                                                               for p in proposals])
     loaded = load_target(str(tiny))
     target, tokenizer = loaded.model, loaded.tokenizer
     drafter = load_draft("layers:0", loaded)
@@ -208,16 +209,19 @@ def test_batch_study_cli_json_and_table(tiny, prompts_file):
 
     args = ["zoo", "bench", "--target", str(tiny), "--prompts", str(prompts_file), "--limit", "2", "--repeats", "1",
             "--max-new-tokens", "6", "--batch-size", "1,2"]
-    done = run_cli(*args, "--json")
+    done = run_cli(*args, "--gamma", "4,dynamic", "--json")
     assert done.returncode == 0, done.stderr[-2000:]
     data = json.loads(done.stdout)
     assert data["schema_version"] == SCHEMA_VERSION and data["task"] is None and data["dtype"] == "float32"
-    assert [(r["draft"], r["batch_size"]) for r in data["rows"]] == [("prompt-lookup:3", 1), ("prompt-lookup:3", 2)]
+    assert [(r["draft"], r["gamma"], r["batch_size"]) for r in data["rows"]] == [
+        ("prompt-lookup:3", "4", 1), ("prompt-lookup:3", "4", 2),
+        ("prompt-lookup:3", "dynamic", 1), ("prompt-lookup:3", "dynamic", 2)]
     for row in data["rows"]:
         assert set(row["tokens_per_second"]) == {"median", "min", "max", "n"} and row["tokens_per_second"]["n"] == 1
-        assert row["speedup"] > 0 and row["peak_mb"] > 0
-    paying = [r["batch_size"] for r in data["rows"] if r["speedup"] > 1]
-    assert data["pays_up_to_batch"] == {"prompt-lookup:3": max(paying) if paying else None}
+        assert row["speedup"] > 0 and row["peak_mb"] > 0 and row["host_reads_per_pass"] > 0
+    for label in ("4", "dynamic"):
+        paying = [r["batch_size"] for r in data["rows"] if r["gamma"] == label and r["speedup"] > 1]
+        assert data["pays_up_to_batch"][f"prompt-lookup:3 γ={label}"] == (max(paying) if paying else None)
     table = run_cli(*args)
     assert table.returncode == 0, table.stderr[-2000:]
-    assert "plain tok/s" in table.stdout and "prompt-lookup:3: speculation pays" in table.stdout
+    assert "plain tok/s" in table.stdout and "prompt-lookup:3 γ=4: speculation pays" in table.stdout

@@ -125,7 +125,10 @@ def test_gpu_check_small_rehearsal(tmp_path):
                                                                              "HOME": str(Path.home())})
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     results = json.loads((tmp_path / "gpu_check.json").read_text())
-    assert {"step_latency", "verify_cost", "bench", "lm_eval", "steady", "sharded"} <= set(results)
+    assert {"step_latency", "verify_cost", "bench", "lm_eval", "steady", "sharded", "batch_sweep"} <= set(results)
+    sweep = results["batch_sweep"]["rows"]
+    assert {(r["draft"], r["gamma"], r["batch_size"]) for r in sweep} == {
+        (d, g, b) for d in ("eagle-head", "prompt-lookup") for g in ("4", "dynamic") for b in (1, 2, 4)}
     assert [r["runtime"] for r in results["steady"]["rows"]] == ["eager", "static cache"]
     ks = {*range(9), 16, 32, 64}
     assert len(results["step_latency"]["rows"]) == 14
@@ -137,7 +140,7 @@ def test_gpu_check_small_rehearsal(tmp_path):
     assert parallelize["returncode"] == 0 and parallelize["results_files"] == 1
     assert parallelize["specdec"]["baseline_mismatches"] == 0 and parallelize["specdec"]["tensor_parallel"] == 1
     report = (tmp_path / "gpu.md").read_text()
-    assert report.count("\n## ") == 6
+    assert report.count("\n## ") == 7
     if "1 no fit:" not in done.stdout:  # part 1 as a sweep file for the leaderboard's latency figure
         from specdraft_eval.measure.profiles import read_calibration_file
 

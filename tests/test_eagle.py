@@ -114,8 +114,15 @@ def test_the_head_reads_the_targets_features(tmp_path, target):
     each verification (a recording head in place of the real one)."""
     draft = KIND.load(str(eagle_dir(tmp_path, target)), Target(target, None))
     seen: list[torch.Tensor] = []
-    observe = draft.observe
-    draft.observe = lambda features: (seen.append(features.clone()), observe(features))
+    rows = draft.rows
+
+    def recording(count):  # the rows the engine drafts with: what they observe
+        batch = rows(count)
+        observe = batch.observe
+        batch.observe = lambda row, features: (seen.append(features.clone()), observe(row, features))
+        return batch
+
+    draft.rows = recording
     prompt = list(range(2, 12))
     out, _ = speculative_generate(target, draft, prompt, 12, num_draft_tokens=2)
     features = torch.cat(seen)

@@ -290,7 +290,7 @@ def test_eagle3_layouts_draft_the_tokens_the_upstream_forward_drafts(tmp_path, t
     with torch.no_grad():
         states = target(torch.tensor([tokens[:-1]]), output_hidden_states=True).hidden_states
         features = torch.cat([states[t][0] for t in taps], -1)[None]
-        mine = drafter.model(drafter._embed(torch.tensor([tokens[1:]])), features, None,
+        mine = drafter.model(drafter.embed(torch.tensor([tokens[1:]])), features, None,
                              torch.arange(len(tokens) - 1)[None])[0]
     torch.testing.assert_close(mine, hidden, rtol=1e-4, atol=1e-4)
 
@@ -323,8 +323,15 @@ def test_the_engine_hands_an_eagle3_head_the_inputs_of_its_layers_in_ascending_o
     drafter = KIND.load(str(write_eagle3(tmp_path / "head", taps=[4, 1, 3], taps_under="eagle_config")),
                     Target(target, None))
     seen: list[torch.Tensor] = []
-    observe = drafter.observe
-    drafter.observe = lambda features: (seen.append(features.clone()), observe(features))
+    rows = drafter.rows
+
+    def recording(count):  # the rows the engine drafts with: what they observe
+        batch = rows(count)
+        observe = batch.observe
+        batch.observe = lambda row, features: (seen.append(features.clone()), observe(row, features))
+        return batch
+
+    drafter.rows = recording
     prompt = list(range(2, 12))
     out, _ = speculative_generate(target, drafter, prompt, 10, num_draft_tokens=2)
     with torch.no_grad():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from specdraft_eval.engine.gamma import GammaController
@@ -109,10 +110,13 @@ class Scripted(GammaController):
 
     def __init__(self, script: list[int]) -> None:
         super().__init__(script[0], 8)
-        self.script = script[1:]
+        self.next, self.script = script[0], script[1:]
 
-    def update(self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
-        self.gamma = self.script.pop(0) if self.script else 2
+    def update(self, drafted, accepted, draft_seconds: float, verify_seconds: float) -> None:
+        self.next = self.script.pop(0) if self.script else 2
+
+    def choose(self, rows: int) -> int:
+        return self.next
 
 
 def test_a_draft_catches_up_before_its_first_draft_and_after_gamma_zero_as_its_prefill():
@@ -186,3 +190,67 @@ def test_catching_up_changes_no_draft():
             assert caught.catch_up(tokens) == len(tokens) - (2 if kind == "eagle" else 1)
             assert caught.catch_up(tokens) == 0
             assert caught.propose(tokens, 4, Sampler()).tokens == plain.tokens, kind
+
+
+def test_gamma_is_chosen_per_batch_size():
+    """Verification of a batch of 8 costs in proportion to its tokens (no spare compute), of one row next to nothing
+    more than a plain step: with the same acceptance, γ is 0 at 8 rows and high at 1, from one controller; a batch
+    size met for the first time takes one plain step and then borrows the nearest one's cost shape."""
+    controller = GammaController(start=4, max_gamma=16)
+
+    def cost(rows: int, n: int) -> float:
+        return 0.060 if rows == 1 else 0.010 * rows * n
+
+    for step in range(120):
+        rows = 1 if step % 2 else 8
+        controller.rows = rows
+        gamma = controller.gamma
+        accepted = [min(gamma, 2)] * rows  # 2 of every draft accepted
+        controller.update([gamma] * rows, accepted, 0.0005 * gamma, cost(rows, gamma + 1))
+    assert controller.choose(1) >= 3
+    assert controller.choose(8) == 0
+    assert controller.choose(4) == 0  # never measured: one plain step first
+    controller.update([0] * 4, [0] * 4, 0.0, 0.040)
+    assert controller.choose(4) == 0  # the shape of 8 (the nearest by ratio that drafted): speculation does not pay
+    assert controller.verify_seconds(3, 4) == pytest.approx(0.040 * 3)
+
+
+def test_the_controller_drafts_at_batch_one_where_a_batch_of_eight_does_not(monkeypatch):
+    """End to end: the same prompt decoded alone and as 8 rows, through one controller, on a fake clock where a
+    verification pass costs 20 ms + 10 ms per token past the first and 50 ms per token past 8 (a machine whose
+    spare compute a batch of 8 uses up), drafting with the target itself (every token accepted): the batch of 8
+    decodes mostly plain steps, the batch of 1 drafts."""
+    from conftest import tiny_llama
+
+    from specdraft_eval import autoregressive_generate_batch, speculative_generate_batch
+    from specdraft_eval.drafts.model import ModelDrafter
+    from specdraft_eval.engine import loop as engine
+
+    now = [0.0]
+
+    def fake_clock(device):
+        return now[0]
+
+    real_verify = engine.verify_step
+
+    def costed(target, cache, tokens, proposals, samplers):
+        width = 1 + max(len(p.tokens) for p in proposals)
+        fed = len(proposals) * width
+        now[0] += 0.020 + 0.010 * (fed - 1) + 0.050 * max(fed - 8, 0)
+        return real_verify(target, cache, tokens, proposals, samplers)
+
+    monkeypatch.setattr(engine, "clock", fake_clock)
+    monkeypatch.setattr(engine, "verify_step", costed)
+    target = tiny_llama(seed=0)
+    prompt = [3, 4, 5, 6, 7]
+    itself = ModelDrafter(tiny_llama(seed=0), "itself", target.config.vocab_size)
+    controller = GammaController.around(4)
+    plain, _ = autoregressive_generate_batch(target, [prompt], 24)
+    for _ in range(3):
+        alone, one = speculative_generate_batch(target, itself, [prompt], 24,
+                                                gamma_controller=controller)
+        eight, many = speculative_generate_batch(target, itself, [prompt] * 8, 24,
+                                                 gamma_controller=controller)
+    assert alone == plain[0:1] and eight == plain * 8
+    assert one.draft_tokens / one.steps > 1  # drafts at batch 1
+    assert many.draft_tokens / many.steps < 0.2  # mostly plain steps at batch 8

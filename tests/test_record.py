@@ -43,14 +43,21 @@ def run_requests(target, draft, do_sample: bool, gamma: int = 4, dynamic: bool =
 def test_per_position_counts_add_up(target, name, do_sample, dynamic):
     draft = drafts(target)[name]
     proposals = []  # the lengths of every proposal, seen from outside the engine's counters
-    original = draft.propose
+    rows = draft.rows
 
-    def counting(tokens, num_tokens, sampler):
-        proposal = original(tokens, num_tokens, sampler)
-        proposals.append(len(proposal.tokens))
-        return proposal
+    def counting(count):  # the rows the engine drafts with: what they propose
+        batch = rows(count)
+        propose = batch.propose
 
-    draft.propose = counting
+        def counted(tokens, budgets, samplers):
+            made = propose(tokens, budgets, samplers)
+            proposals.extend(len(p.tokens) for p in made if p.tokens or any(budgets))
+            return made
+
+        batch.propose = counted
+        return batch
+
+    draft.rows = counting
     stats = run_requests(target, draft, do_sample, dynamic=dynamic)
     s = stats.summary()
     assert s["tar"] == pytest.approx(s["accepted_per_step"] + 1)

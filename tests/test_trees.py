@@ -6,6 +6,7 @@ as the negative control); the mask is checked against the same path run alone as
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -123,16 +124,20 @@ def test_sampled_trees_follow_the_target_distribution():
     assert p12 > 1e-3 and p3 > 1e-3, (p12, p3)
 
 
-def _biased(logits, proposal, sampler):
-    """A wrong rule: try each child with p(x) but leave rejected children in what it samples from."""
-    p, path, node = sampler.probs(logits), [], -1
-    while True:
-        children = [c for c, parent in enumerate(proposal.tree) if parent == node]
-        step = next((c for c in children if sampler.uniform(p.device) < float(p[node + 1, proposal.tokens[c]])),
-                    None)
-        if step is None:
-            return path, int(sampler.sample(p[node + 1][None]))
-        path.append(node := step)
+def _biased(logits, proposals, samplers):
+    """A wrong rule, row by row: try each child with p(x) but leave rejected children in what it samples from."""
+    verdicts = []
+    for row, (proposal, sampler) in enumerate(zip(proposals, samplers, strict=True)):
+        p, path, node = sampler.probs(logits[row, : len(proposal.tokens) + 1]), [], -1
+        while True:
+            children = [c for c, parent in enumerate(proposal.tree) if parent == node]
+            step = next((c for c in children if float(torch.rand((), generator=sampler.generator))
+                         < float(p[node + 1, proposal.tokens[c]])), None)
+            if step is None:
+                verdicts.append((path, int(sampler.sample(p[node + 1][None]))))
+                break
+            path.append(node := step)
+    return verdicts
 
 
 def test_the_test_rejects_trying_children_without_taking_out_the_rejected(monkeypatch):
@@ -283,26 +288,27 @@ that cuts (2, 3, 6)."""
 PREFIXES = [[3, 9], [5, 1, 8], [3, 9, 4, 11, 7, 2]]  # short prefixes: the tree's own nodes weigh in attention
 
 
-def _matches(target, topk: int, depth: int, budget: int, static: bool, mutation: str | None = None) -> list[bool]:
+def _matches(target, topk: int, depth: int, budget: int, static: bool, mutation: str | None = None,
+             monkeypatch=None) -> list[bool]:
     """For each prefix, whether the drafter's tree equals the slow reference's, paths and order; ``mutation``
     breaks the drafter on purpose: ``mask`` (a frontier node also sees fed nodes that are not its ancestors) or
     ``position`` (tree passes one position too far)."""
     from specdraft_eval.drafts.eagle import EagleDrafter, TreeShape, new_head
+    from specdraft_eval.drafts.eagle.drafter import EagleRows
 
     head = new_head(target, seed=7)
     with torch.no_grad():  # larger logits (the random head's are near-uniform)
         head.fc.weight.mul_(4.0)
     drafter = EagleDrafter(head, target, "e", None, TreeShape(topk, depth))
-    forward, tree_mask = head.forward, drafter._tree_mask
+    forward, steer = head.forward, EagleRows._steer
     if mutation == "position":  # (the reference passes no mask: it runs unshifted)
         head.forward = lambda e, f, cache, positions, own=False, mask=None: forward(
-            e, f, cache, positions + (mask is not None), own, mask)
+            e, f, cache, positions + (mask is not None and mask.dim() == 4), own, mask)
     if mutation == "mask":
-        def leaky(fed, frontier, parents):
-            mask = tree_mask(fed, frontier, parents).clone()
-            mask[..., drafter._fed : drafter._fed + len(fed)] = 0.0  # every fed node visible
-            return mask
-        drafter._tree_mask = leaky
+        def leaky(self, *args):
+            steered = steer(self, *args)
+            return replace(steered, visible=torch.ones_like(steered.visible))  # every fed node visible
+        monkeypatch.setattr(EagleRows, "_steer", leaky)
     found = []
     for seed, tokens in enumerate(PREFIXES):
         features = torch.randn(len(tokens) - 1, target.config.hidden_size,
@@ -325,9 +331,10 @@ def test_eagle2_dynamic_tree_matches_the_slow_reference(target, topk, depth, bud
 
 
 @pytest.mark.parametrize("mutation", ["mask", "position"])
-def test_negative_controls_a_leaky_mask_and_shifted_positions_fail_the_reference(target, mutation):
+def test_negative_controls_a_leaky_mask_and_shifted_positions_fail_the_reference(target, mutation, monkeypatch):
     """The comparison above finds a frontier that sees non-ancestor nodes and positions shifted by one."""
-    found = [ok for static in (False, True) for tree in TREES for ok in _matches(target, *tree, static, mutation)]
+    found = [ok for static in (False, True) for tree in TREES
+             for ok in _matches(target, *tree, static, mutation, monkeypatch)]
     assert found.count(False) >= 5, found
 
 

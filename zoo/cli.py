@@ -14,7 +14,7 @@ from zoo.cli_support import (  # isort: skip (one wrapped list, not a line per n
     BatchSizeOpt, BenchGammaOpt, CalibrateOpt, CompileOpt, ContextOpt, DeviceOpt, DraftsOpt, DtypeOpt, DynamicOpt,
     GammaOpt, GpuOpt, GridOpt, JsonOpt, KernelsOpt, MaxNewOpt, PlotOpt, ProfileOutOpt, PromptsFileOpt, RankGammaOpt,
     RepeatsOpt, ResultsOpt, RuntimeOpt, ScoreTaskOpt, SweepOpt, TargetOpt, UseKernelsOpt, cli_errors, emit, existing,
-    load_settings, one_gamma, parse_positive_ints, progress
+    gamma_policies, load_settings, one_gamma, parse_positive_ints, progress
 )
 from zoo import cli_build
 from zoo.rank import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TASK
@@ -200,10 +200,11 @@ batch_size: BatchSizeOpt = None,
         raise SpecdecError("--compile runs compiled configurations beside the comparison's, not in the batch study: "
                            "drop --batch-size or --compile")
     texts = load_prompts(task, prompts, limit if sizes is None or limit < 1 else max(limit, *sizes))
-    plan = BenchPlan(one_gamma(gamma), repeats, max_new_tokens, compile)
+    policies = gamma_policies(gamma) if sizes else None
+    plan = BenchPlan(policies[0].num_draft_tokens if sizes else one_gamma(gamma), repeats, max_new_tokens, compile)
     args = (target, drafts or ["prompt-lookup"], texts, plan, load_settings(device, dtype, use_kernels, kernels))
     with progress("batch study" if sizes else "benchmarking") as tick:
-        result = batch.study(*args, sizes, tick) if sizes else run.bench(*args, tick)
+        result = batch.study(*args, sizes, tick, policies) if sizes else run.bench(*args, tick)
     result.task = None if prompts else task or "specdec_humaneval"
     if as_json:
         return emit(result.to_json(), True)

@@ -85,7 +85,7 @@ PlotOpt = Annotated[Path, typer.Option(help="Where to write the predicted-vs-mea
 PromptsFileOpt = Annotated[Optional[Path], typer.Option(help="Prompts file instead: a JSON list of strings or JSON "
                                                     'lines of strings or {"prompt": ...}.')]
 BenchGammaOpt = Annotated[str, typer.Option(help="γ (draft tokens per step) for the constant-γ runs; dynamic γ "
-                                       "starts there.")]
+                                       "starts there. With --batch-size: γs and/or dynamic, e.g. 2,4,dynamic.")]
 BatchSizeOpt = Annotated[Optional[str], typer.Option(
     "--batch-size", help="Batch study instead: comma-separated batch sizes (e.g. 1,2,4,8); tokens/s of our "
     "batched engine, speculative and plain, per batch size (--limit is raised to the largest).")]
@@ -205,6 +205,20 @@ def load_settings(device: str | None, dtype: str, use_kernels: bool, kernels: st
 
     kernel_paths.check(kernels)
     return LoadSettings.of(device, dtype, kernels, use_kernels)
+
+
+def gamma_policies(text: str) -> list:
+    """``--gamma`` for the batch study: fixed γs and ``dynamic`` (starting at the first fixed γ, or 4), as
+    :class:`~specdraft_eval.engine.params.GammaPolicy` values."""
+    from specdraft_eval.engine.params import GammaPolicy
+
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    numbers = [item for item in items if item != "dynamic"]
+    fixed = parse_positive_ints(",".join(numbers), "--gamma") if numbers else []
+    if not items:
+        raise SpecdecError(f"bad --gamma {text!r}: give γs and/or dynamic, e.g. --gamma 2,4,dynamic")
+    dynamic = [GammaPolicy(fixed[0] if fixed else 4, True)] if "dynamic" in items else []
+    return [GammaPolicy(g) for g in fixed] + dynamic
 
 
 def one_gamma(text: str) -> int:

@@ -6,8 +6,9 @@ import copy
 
 import torch
 
-from specdraft_eval.engine import kv_cache
+from specdraft_eval.engine import host, kv_cache
 from specdraft_eval.engine.drafter import DrafterBase, Proposal
+from specdraft_eval.engine.kv_cache import BatchCache
 from specdraft_eval.engine.sampling import Sampler
 from specdraft_eval.errors import SpecdecError
 
@@ -15,20 +16,21 @@ DRAFT_VOCAB_FILE = "draft_vocab.json"
 """In a draft directory: the token ids its reduced output head covers (``zoo prune --vocab-top K``)."""
 
 
-def choose(logits: torch.Tensor, sampler: Sampler, ids: torch.Tensor | None,
-           vocab_size: int) -> tuple[int, torch.Tensor | None]:
-    """The drafted token id and, when sampling, its distribution over the target's ``vocab_size`` tokens;
-    ``logits`` over the reduced head's token ``ids`` when given (zero probability elsewhere)."""
-    if not sampler.do_sample:
-        index = int(logits.argmax())
-        return (int(ids[index]) if ids is not None else index), None
-    probs = sampler.probs(logits[None])[0]
-    index = int(sampler.sample(probs[None]))
+def choose(logits: torch.Tensor, samplers: list[Sampler], ids: torch.Tensor | None,
+           vocab_size: int) -> tuple[list[int], torch.Tensor | None]:
+    """Each row's drafted token id (one host read for all rows) and, when sampling, its distribution over the
+    target's ``vocab_size`` tokens (``[rows, vocab_size]``); ``logits`` ``[rows, head vocabulary]``, over the reduced
+    head's token ``ids`` when given (zero probability elsewhere). Row i samples with ``samplers[i]``'s generator."""
+    if not samplers[0].do_sample:
+        index = logits.argmax(-1)
+        return host.read(ids[index] if ids is not None else index), None
+    probs = samplers[0].probs(logits)  # [rows, head vocabulary]
+    index = torch.stack([sampler.sample(probs[i: i + 1])[0] for i, sampler in enumerate(samplers)])
     if ids is None:
-        return index, probs
-    full = torch.zeros(vocab_size, dtype=probs.dtype, device=probs.device)
-    full[ids] = probs
-    return int(ids[index]), full
+        return host.read(index), probs
+    full = torch.zeros(len(samplers), vocab_size, dtype=probs.dtype, device=probs.device)
+    full[:, ids] = probs
+    return host.read(ids[index]), full
 
 
 class ModelDrafter(DrafterBase):
@@ -52,55 +54,125 @@ class ModelDrafter(DrafterBase):
             if full.bias is not None:
                 head.bias = torch.nn.Parameter(full.bias.detach()[self._ids].clone(), requires_grad=False)
             model.lm_head = head.to(full.weight.device, full.weight.dtype)
-        self.reset()
+        self._alone = ModelRows(self, 1)
 
     @property
     def reduced_head(self) -> bool:
         """Whether the draft's output head covers only some token ids (``zoo prune --vocab-top``)."""
         return self._ids is not None
 
-    def _logits(self, tokens: list[int]) -> torch.Tensor:
-        logits = kv_cache.forward(self.model, tokens, self._cache, 1)[-1]
-        return logits if self._ids is not None else logits[: self.vocab_size]
-
     def reset(self, capacity: int | None = None) -> None:
-        self._cache = kv_cache.new_cache(self.model.config, capacity)
-        self._cached: list[int] = []  # the tokens whose keys/values are in the cache
+        self._alone.reset(capacity)
 
     def fork(self) -> ModelDrafter:
         """The same model, a cache of its own."""
         twin = copy.copy(self)
-        twin.reset()
+        twin._alone = ModelRows(twin, 1)
         return twin
 
-    def _common_prefix(self, tokens: list[int]) -> int:
-        limit = min(len(self._cached), len(tokens) - 1)  # always feed at least one token
-        n = 0
-        while n < limit and self._cached[n] == tokens[n]:
-            n += 1
-        return n
+    def rows(self, count: int) -> ModelRows:
+        return ModelRows(self, count)
 
     def catch_up(self, tokens: list[int]) -> int:
-        keep = self._common_prefix(tokens)
-        if keep >= len(tokens) - 1:
-            return 0
-        kv_cache.rollback(self._cache, keep)
-        kv_cache.forward(self.model, tokens[keep:-1], self._cache, 1)
-        self._cached = tokens[:-1]
-        return len(tokens) - 1 - keep
+        return self._alone.catch_up([tokens], [0])[0]
 
     def propose(self, tokens: list[int], num_tokens: int, sampler: Sampler) -> Proposal:
-        keep = self._common_prefix(tokens)
-        kv_cache.rollback(self._cache, keep)
-        logits = self._logits(tokens[keep:])
-        drafted: list[int] = []
-        rows: list[torch.Tensor] = []
-        for i in range(num_tokens):
-            token, probs = choose(logits, sampler, self._ids, self.vocab_size)
-            drafted.append(token)
-            if probs is not None:
-                rows.append(probs)
-            if i + 1 < num_tokens:
-                logits = self._logits([token])
-        self._cached = tokens + drafted[:-1]
-        return Proposal(drafted, torch.stack(rows) if rows else None)
+        return self._alone.propose([tokens], [num_tokens], [sampler])[0]
+
+
+class ModelRows:
+    """:class:`~specdraft_eval.engine.drafter.Rows` for a draft model: every row's tokens in one batched KV cache
+    (holes where rows fed fewer) and one forward per drafted position for every drafting row. A row's drafted
+    tokens stay in the cache until the next step shows which the target accepted (its common prefix with the
+    sequence); the rest are dropped then."""
+
+    def __init__(self, drafter: ModelDrafter, count: int) -> None:
+        self.drafter, self.count = drafter, count
+        self.reset()
+
+    def reset(self, capacity: int | None = None) -> None:
+        """Forget every row (the draft's cache grows: its passes are not compiled, ``capacity`` is not needed)."""
+        self.cache = BatchCache(self.count)
+        self.cached: list[list[int]] = [[] for _ in range(self.count)]  # each row's tokens in the cache, in order
+        self.mark: kv_cache.Mark | None = None  # before the last draft's own tokens, while their fate is open
+        self.own = [0] * self.count  # each row's drafted tokens in the cache since the mark
+
+    def select(self, rows: list[int]) -> None:
+        if any(self.cached):
+            self.cache.select(rows)
+        else:  # nothing in the draft's cache yet
+            self.cache = BatchCache(len(rows))
+        self.mark = self.mark.select(rows) if self.mark is not None else None
+        self.count, self.cached, self.own = len(rows), [self.cached[r] for r in rows], [self.own[r] for r in rows]
+
+    def observe(self, row: int, features: torch.Tensor) -> None:
+        """A model draft reads no features."""
+
+    def _settle(self, tokens: list[list[int]]) -> None:
+        """Keep each row's drafted tokens the target accepted (those it has in common with ``tokens``, always
+        feeding at least the last token again), drop the rest."""
+        prefixes = []
+        for row, sequence in enumerate(tokens):
+            cached, limit, n = self.cached[row], min(len(self.cached[row]), len(sequence) - 1), 0
+            while n < limit and cached[n] == sequence[n]:
+                n += 1
+            prefixes.append(n)
+        if self.mark is not None:
+            kept = [min(max(n - length, 0), own) for n, length, own in zip(prefixes, self.mark.lengths, self.own,
+                                                                          strict=True)]
+            self.cache.restore(self.mark, kept)
+            self.mark, self.own = None, [0] * self.count
+            self.cached = [cached[:n] for cached, n in zip(self.cached, self.cache.lengths, strict=True)]
+        for row, n in enumerate(prefixes):
+            if n < len(self.cached[row]):  # the same step again (a probe timing it): a lone row rolls back
+                self.cache.rollback(n)
+                self.cached[row] = self.cached[row][:n]
+
+    def _feed(self, feeding: list[list[int]]) -> torch.Tensor:
+        """Append each row's ``feeding`` tokens (rows that feed nothing: []) and keep them; each row's logits at
+        its last one, ``[rows, head vocabulary]``."""
+        width = max(map(len, feeding))
+        logits = self.cache.forward(self.drafter.model, feeding, width)  # [rows, width, head vocabulary]
+        self.cache.keep([list(range(len(row))) for row in feeding])
+        for row, tokens in enumerate(feeding):
+            self.cached[row] += tokens
+        last = logits[torch.arange(self.count), torch.tensor([max(len(row) - 1, 0) for row in feeding])]
+        return last if self.drafter._ids is not None else last[:, : self.drafter.vocab_size]
+
+    def catch_up(self, tokens: list[list[int]], rows: list[int]) -> list[int]:
+        self._settle(tokens)
+        feeding = [tokens[row][len(self.cached[row]): -1] if row in rows else [] for row in range(self.count)]
+        if any(feeding):
+            self._feed(feeding)
+        return [len(feeding[row]) for row in rows]
+
+    def propose(self, tokens: list[list[int]], budgets: list[int], samplers: list[Sampler]) -> list[Proposal]:
+        self._settle(tokens)
+        drafting = [row for row, budget in enumerate(budgets) if budget > 0]
+        proposals = [Proposal([]) for _ in tokens]
+        if not drafting:
+            return proposals
+        logits = self._feed([tokens[row][len(self.cached[row]):] if row in drafting else []
+                             for row in range(self.count)])[drafting]
+        depth, drafter = max(budgets[row] for row in drafting), self.drafter
+        self.mark = self.cache.mark()
+        chains: list[list[int]] = [[] for _ in drafting]
+        probs: list[torch.Tensor] = []
+        for i in range(depth):
+            chosen, distribution = choose(logits, [samplers[row] for row in drafting], drafter._ids,
+                                          drafter.vocab_size)
+            for chain, token in zip(chains, chosen, strict=True):
+                chain.append(token)
+            if distribution is not None:
+                probs.append(distribution)
+            if i + 1 < depth:
+                feeding: list[list[int]] = [[] for _ in range(self.count)]
+                for j, row in enumerate(drafting):
+                    feeding[row] = [chosen[j]]
+                    self.own[row] += 1
+                logits = self._feed(feeding)[drafting]
+        stacked = torch.stack(probs, 1) if probs else None  # [R, depth, vocab]
+        for j, row in enumerate(drafting):
+            budget = budgets[row]
+            proposals[row] = Proposal(chains[j][:budget], None if stacked is None else stacked[j, :budget])
+        return proposals

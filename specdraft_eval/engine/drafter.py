@@ -133,6 +133,61 @@ class Drafter(Protocol):
         hidden states at ``taps`` for the n positions this row kept, in order. Called only when ``taps``."""
         ...
 
+    def rows(self, count: int) -> Rows:
+        """Drafting for a batch of ``count`` rows (the engine's only way in): one call drafts every row."""
+        ...
+
+
+class Rows(Protocol):
+    """A batch's drafting (cf. vLLM's proposers): every live row's state, one call per step for all of them. Row
+    indices are the live rows' positions, renumbered when rows leave (:meth:`select`). :class:`PerRow` drafts row by
+    row with a drafter's forks; a kind that can draft every row in one pass (a head, a model) returns its own."""
+
+    def reset(self, capacity: int | None = None) -> None:
+        """Forget all state before a batch (``capacity``: as :meth:`Drafter.reset`)."""
+        ...
+
+    def catch_up(self, tokens: list[list[int]], rows: list[int]) -> list[int]:
+        """:meth:`Drafter.catch_up` for each of ``rows`` (``tokens``: every live row's sequence): positions read."""
+        ...
+
+    def propose(self, tokens: list[list[int]], budgets: list[int], samplers: list[Sampler]) -> list[Proposal]:
+        """Each live row's proposal of up to ``budgets[row]`` tokens after ``tokens[row]`` (0: none)."""
+        ...
+
+    def observe(self, row: int, features: torch.Tensor) -> None:
+        """:meth:`Drafter.observe` for one row."""
+        ...
+
+    def select(self, rows: list[int]) -> None:
+        """Only the live ``rows`` stay (the others finished), in this order."""
+        ...
+
+
+class PerRow:
+    """:class:`Rows` as one drafter per row (the first the drafter itself, the rest its forks), each asked in turn:
+    model-free kinds, whose proposals cost microseconds per row."""
+
+    def __init__(self, drafter: Drafter, count: int) -> None:
+        self.drafters = [drafter] + [drafter.fork() for _ in range(count - 1)]
+
+    def reset(self, capacity: int | None = None) -> None:
+        for drafter in self.drafters:
+            drafter.reset(capacity)
+
+    def catch_up(self, tokens: list[list[int]], rows: list[int]) -> list[int]:
+        return [self.drafters[row].catch_up(tokens[row]) for row in rows]
+
+    def propose(self, tokens: list[list[int]], budgets: list[int], samplers: list[Sampler]) -> list[Proposal]:
+        return [drafter.propose(sequence, budget, sampler) if budget > 0 else Proposal([])
+                for drafter, sequence, budget, sampler in zip(self.drafters, tokens, budgets, samplers, strict=True)]
+
+    def observe(self, row: int, features: torch.Tensor) -> None:
+        self.drafters[row].observe(features)
+
+    def select(self, rows: list[int]) -> None:
+        self.drafters = [self.drafters[row] for row in rows]
+
 
 FINAL = -1
 """A tap: the target's last hidden state after its final norm (the input of its output head)."""
@@ -165,3 +220,7 @@ class DrafterBase:
 
     def observe(self, features: torch.Tensor) -> None:
         """Nothing to read."""
+
+    def rows(self, count: int) -> Rows:
+        """Row by row (:class:`PerRow`): a kind that drafts every row in one pass overrides this."""
+        return PerRow(self, count)

@@ -1,23 +1,29 @@
-"""Dynamic γ: each step, draft the number of tokens the analytical model says is fastest right now.
+"""Dynamic γ: each step, draft the number of tokens the analytical model says is fastest for the batch it runs.
 
-The controller keeps this generation's own measurements — the draft's seconds per token, the target's
-seconds to verify n tokens, and for each draft position i the chance c_i that its token is accepted once
-the ones before it were, all exponentially decayed — and picks
+The controller keeps a run's own measurements — the draft's seconds per drafted position and the target's seconds
+to verify a batch of B rows n tokens wide, each per batch size B, and for each draft position i the chance c_i that
+its token is accepted once the ones before it were, all exponentially decayed — and picks, for a batch of B rows,
 
-    γ* = argmax_γ  E[tokens | γ] / (γ · t_draft + t_verify(γ + 1)),   E[tokens | γ] = 1 + Σ_{i≤γ} Π_{j≤i} c_j
+    γ* = argmax_γ  E[tokens | γ] / (γ · t_draft(B) + t_verify(B, γ + 1)),   E[tokens | γ] = 1 + Σ_{i≤γ} Π_{j≤i} c_j
 
-over 0..max. Position-wise rates capture bursty drafts (prompt lookup either copies a run or misses at once),
-which a single per-token rate would not; a position never drafted yet takes the last measured rate.
-γ = 0 is a plain autoregressive step, so a draft that does not pay is backed off; after ``probe_every`` such
-steps one γ = 1 step re-measures α, and each probe that is rejected doubles the wait (up to
-``max_probe_every``), so a hopeless draft costs a fraction of a percent. One controller may serve every
-generation of a run (``speculative_generate(..., gamma_controller=...)``): what it learnt about the draft
-carries over instead of being paid for again at the start of each request. Unmeasured verify sizes are
-estimated from the measured ones (optimistically, so larger γ gets tried), and γ grows by at most 2 beyond the largest
-size measured, so it only climbs while the measurements say it pays.
+over 0..max (B cancels: every row drafts γ). Position-wise rates capture bursty drafts (prompt lookup either copies
+a run or misses at once), which a single per-token rate would not; a position never drafted yet takes the last
+measured rate. γ = 0 is a plain step, so where a batch's spare compute is gone (a CPU at batch 8, a GPU at hundreds
+of tokens per step) the batch decodes at plain speed; after ``probe_every`` such steps one γ = 1 step re-measures
+α, and each probe that is rejected doubles the wait (up to ``max_probe_every``), so a hopeless draft costs a fraction
+of a percent. The first step drafts γ = start; a batch size met after that takes one plain step (its t_verify(B, 1)),
+then borrows the cost shape t_verify(B', n) / t_verify(B', 1) of the nearest batch size that drafted, until its own
+are measured. One
+controller serves every generation of a run (``speculative_generate(..., gamma_controller=...)``): what it learnt
+carries over, including to the smaller batches rows leave behind. Unmeasured verify widths are estimated from the
+measured ones (optimistically, so larger γ gets tried), and γ grows by at most 2 beyond the widest measured, so it
+only climbs while the measurements say it pays.
 """
 
 from __future__ import annotations
+
+import math
+from collections.abc import Sequence
 
 DECAY = 0.9
 """Weight of the past in each running estimate (about the last ten steps count)."""
@@ -29,17 +35,22 @@ class GammaController:
     def __init__(self, start: int, max_gamma: int, probe_every: int = 16, max_probe_every: int = 256) -> None:
         self.start, self.max_gamma = start, max_gamma
         self.probe_every, self.min_probe_every, self.max_probe_every = probe_every, probe_every, max_probe_every
-        self._reached: list[float] = []  # [i]: decayed count of steps that drafted position i+1 after accepting i
-        self._kept: list[float] = []  # [i]: ... of those, steps that accepted position i+1 too
-        self._draft_seconds, self._drafted = 0.0, 0.0
-        self._verify: dict[int, float] = {}  # tokens verified -> decayed mean seconds
-        self._idle = 0  # autoregressive steps since the last drafted one
-        self.gamma = start
+        self._reached: list[float] = []  # [i]: decayed count of rows that drafted position i+1 after accepting i
+        self._kept: list[float] = []  # [i]: ... of those, rows that accepted position i+1 too
+        self._draft: dict[int, tuple[float, float]] = {}  # rows -> decayed (seconds drafting, positions drafted)
+        self._verify: dict[tuple[int, int], float] = {}  # (rows, tokens per row) -> decayed mean seconds of a pass
+        self._idle = 0  # plain steps since the last drafted one
+        self.rows = 1  # the batch size of the next step (the loop sets it before reading gamma)
 
     @classmethod
     def around(cls, num_draft_tokens: int) -> "GammaController":
         """The controller dynamic γ uses: starts at ``num_draft_tokens``, chooses from 0..4×``num_draft_tokens``."""
         return cls(num_draft_tokens, 4 * num_draft_tokens)
+
+    @property
+    def gamma(self) -> int:
+        """γ for a step of ``rows`` rows."""
+        return self.choose(self.rows)
 
     def acceptance(self, position: int) -> float:
         """c_position: the chance that draft token ``position`` (1-based) is accepted given the earlier ones were."""
@@ -49,66 +60,105 @@ class GammaController:
         return (self._kept[index] + 0.5) / (self._reached[index] + 1.0)
 
     def expected_tokens(self, gamma: int) -> float:
-        """Tokens one step emits on average when drafting ``gamma`` (the target's own token included)."""
+        """Tokens one row's step emits on average when drafting ``gamma`` (the target's own token included)."""
         total, chance = 1.0, 1.0
         for position in range(1, gamma + 1):
             chance *= self.acceptance(position)
             total += chance
         return total
 
-    def update(self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
-        """Record a step that verified ``drafted`` draft tokens, ``accepted`` of them accepted."""
-        n = drafted + 1
-        old = self._verify.get(n)
-        self._verify[n] = verify_seconds if old is None else DECAY * old + (1 - DECAY) * verify_seconds
-        if drafted:
-            while len(self._reached) < drafted:
+    def update(self, drafted: int | Sequence[int], accepted: int | Sequence[int], draft_seconds: float,
+               verify_seconds: float) -> None:
+        """Record one step: each row's drafted and accepted tokens (an int for a batch of one), the batch's drafting
+        seconds and its verification pass's."""
+        drafted = [drafted] if isinstance(drafted, int) else list(drafted)
+        accepted = [accepted] if isinstance(accepted, int) else list(accepted)
+        key = (len(drafted), 1 + max(drafted))
+        old = self._verify.get(key)
+        self._verify[key] = verify_seconds if old is None else DECAY * old + (1 - DECAY) * verify_seconds
+        if not max(drafted):
+            self._idle += 1
+            return
+        for row_drafted, row_accepted in zip(drafted, accepted, strict=True):
+            while len(self._reached) < row_drafted:
                 self._reached.append(0.0)
                 self._kept.append(0.0)
             for i in range(len(self._reached)):
                 self._reached[i] *= DECAY
                 self._kept[i] *= DECAY
-            for i in range(min(accepted + 1, drafted)):  # positions 1..accepted+1 were reached
+            for i in range(min(row_accepted + 1, row_drafted)):  # positions 1..accepted+1 were reached
                 self._reached[i] += 1
-                self._kept[i] += i < accepted
-            self._draft_seconds = DECAY * self._draft_seconds + draft_seconds
-            self._drafted = DECAY * self._drafted + drafted
-            if self._idle >= self.probe_every:  # this step was a probe after backing off
-                self.probe_every = (self.min_probe_every if accepted
-                                    else min(2 * self.probe_every, self.max_probe_every))
-            self._idle = 0
-        else:
-            self._idle += 1
-        self.gamma = self._choose()
+                self._kept[i] += i < row_accepted
+        seconds, positions = self._draft.get(len(drafted), (0.0, 0.0))
+        self._draft[len(drafted)] = (DECAY * seconds + draft_seconds, DECAY * positions + max(drafted))
+        if self._idle >= self.probe_every:  # this step was a probe after backing off
+            self.probe_every = (self.min_probe_every if max(accepted)
+                                else min(2 * self.probe_every, self.max_probe_every))
+        self._idle = 0
 
-    def verify_seconds(self, n: int) -> float:
-        """Measured, interpolated or (optimistically) extrapolated seconds to verify ``n`` tokens."""
-        if n in self._verify:
-            return self._verify[n]
-        sizes = sorted(self._verify)
-        below, above = [s for s in sizes if s < n], [s for s in sizes if s > n]
-        if below and above:
-            lo, hi = below[-1], above[0]
-            return self._verify[lo] + (self._verify[hi] - self._verify[lo]) * (n - lo) / (hi - lo)
-        if above:
-            return self._verify[above[0]]
-        if len(sizes) >= 2:
-            lo, hi = sizes[0], sizes[-1]
-            return self._verify[hi] + (self._verify[hi] - self._verify[lo]) / (hi - lo) * (n - hi)
-        return self._verify[sizes[-1]]
+    def _widths(self, rows: int) -> dict[int, float]:
+        return {n: seconds for (r, n), seconds in self._verify.items() if r == rows}
 
-    def _choose(self) -> int:
-        if 1 not in self._verify:
-            return 0  # measure an autoregressive step first
-        largest = max(self._verify) - 1
-        if largest < 1:
+    def _nearest(self, rows: int, found) -> int | None:
+        """The measured batch size nearest ``rows`` (by ratio) for which ``found(size)`` holds."""
+        sizes = [size for size in {r for r, _ in self._verify} | set(self._draft) if found(size)]
+        return min(sizes, key=lambda size: (abs(math.log(size / rows)), size), default=None)
+
+    def verify_seconds(self, n: int, rows: int = 1) -> float:
+        """Measured, interpolated or (optimistically) extrapolated seconds to verify ``n`` tokens in each of ``rows``
+        rows; a batch size with only its plain step measured scales the nearest drafting batch size's shape."""
+        widths = self._widths(rows)
+        if len(widths) < 2 and 1 in widths:
+            other = self._nearest(rows, lambda size: len(self._widths(size)) >= 2 and 1 in self._widths(size))
+            if other is not None:
+                return widths[1] * _estimate(self._widths(other), n) / self._verify[(other, 1)]
+        return _estimate(widths, n)
+
+    def draft_seconds(self, rows: int) -> float:
+        """Seconds per drafted position for a batch of ``rows`` (the nearest measured batch size's if unmeasured)."""
+        size = rows if rows in self._draft else self._nearest(rows, lambda s: s in self._draft)
+        if size is None:
+            return 0.0
+        seconds, positions = self._draft[size]
+        return seconds / positions if positions else 0.0
+
+    def choose(self, rows: int) -> int:
+        """γ for a step of ``rows`` rows."""
+        if not self._verify:
             return self.start
-        t_draft = self._draft_seconds / self._drafted if self._drafted else 0.0
-        best, best_rate = 0, 1.0 / self.verify_seconds(1)
+        if (rows, 1) not in self._verify:
+            return 0  # measure a plain step of this batch size
+        widths = self._widths(rows)
+        if len(widths) < 2:
+            other = self._nearest(rows, lambda size: len(self._widths(size)) >= 2 and 1 in self._widths(size))
+            if other is None:
+                return self.start
+            widths = self._widths(other)
+        largest = max(widths) - 1
+        t_draft = self.draft_seconds(rows)
+        best, best_rate = 0, 1.0 / self.verify_seconds(1, rows)
         for gamma in range(1, min(self.max_gamma, largest + 2) + 1):
-            rate = self.expected_tokens(gamma) / (gamma * t_draft + self.verify_seconds(gamma + 1))
+            rate = self.expected_tokens(gamma) / (gamma * t_draft + self.verify_seconds(gamma + 1, rows))
             if rate > best_rate:
                 best, best_rate = gamma, rate
         if best == 0 and self._idle >= self.probe_every:
             return 1
         return best
+
+
+def _estimate(measured: dict[int, float], n: int) -> float:
+    """Seconds for ``n`` tokens from ``measured`` widths: exact, interpolated, or extrapolated (flat below the
+    smallest, linearly above the largest)."""
+    if n in measured:
+        return measured[n]
+    sizes = sorted(measured)
+    below, above = [s for s in sizes if s < n], [s for s in sizes if s > n]
+    if below and above:
+        lo, hi = below[-1], above[0]
+        return measured[lo] + (measured[hi] - measured[lo]) * (n - lo) / (hi - lo)
+    if above:
+        return measured[above[0]]
+    if len(sizes) >= 2:
+        lo, hi = sizes[0], sizes[-1]
+        return measured[hi] + (measured[hi] - measured[lo]) / (hi - lo) * (n - hi)
+    return measured[sizes[-1]]

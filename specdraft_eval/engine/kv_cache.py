@@ -6,6 +6,7 @@ to step, which CUDA graphs need). Both roll back by length."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache, StaticCache
@@ -109,6 +110,30 @@ def additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         ~allowed, torch.finfo(dtype).min)[:, None]
 
 
+@dataclass(frozen=True)
+class Steer:
+    """A step's override of what its columns see and where they sit: ``visible`` ``[bucket, width, start]`` bool
+    (which of the cache's columns each new column may attend to, within the rows' own real columns) and
+    ``positions`` ``[bucket, width]`` (their position ids)."""
+
+    visible: torch.Tensor
+    positions: torch.Tensor
+
+
+@dataclass(frozen=True)
+class Mark:
+    """:meth:`BatchCache.mark`'s record: the columns then, and the rows' mask and lengths."""
+
+    columns: int
+    mask: torch.Tensor | None
+    lengths: list[int]
+
+    def select(self, rows: list[int]) -> Mark:
+        """The mark of the live ``rows`` only (after a growing cache's :meth:`BatchCache.select` between the two)."""
+        return Mark(self.columns, self.mask[rows] if self.mask is not None else None,
+                    [self.lengths[row] for row in rows])
+
+
 class GrowingStorage:
     """A batch's KV tensors in a growing ``DynamicCache``: attention reads every column; a finished row is dropped."""
 
@@ -202,16 +227,20 @@ class RowLayout:
         self.always_masked = always_masked
 
     def inputs(self, tokens: list[list[int]], start: int, keys: int, model, trees: list[list[int]] | None,
-               widen: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None,
-                                                                     torch.Tensor | None]:
+               widen: Callable[[torch.Tensor], torch.Tensor], steer: Steer | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """One step's ``tokens`` (every row of the bucket's, dead ones empty) as the model's input ids, attention mask
         and position ids (None, None where no row needs them): shorter rows right-padded with masked columns;
         ``trees`` (per row, each new column's parent column, -1 for the first) attend to the row's past and their own
-        ancestors only, at position length + depth, as a 4D mask over ``keys`` positions."""
+        ancestors only, at position length + depth, as a 4D mask over ``keys`` positions; ``steer`` narrows what
+        each new column sees of the past and sets its positions (a draft's tree grown over several passes)."""
         device, width = model.device, max(len(row) for row in tokens)
         ids = torch.tensor([row + [0] * (width - len(row)) for row in tokens], dtype=torch.long, device=device)
         real = torch.tensor([[j < len(row) for j in range(width)] for row in tokens], device=device)  # [bucket, width]
-        if self.mask is None and bool(real.all()) and trees is None and not self.always_masked:
+        if steer is not None and trees is None:
+            trees = [[-1] * width] * self.bucket  # the 4D form: columns see their past as steered, and themselves
+        whole = all(len(row) == width for row in tokens)  # from the host's lists: no device read
+        if self.mask is None and whole and trees is None and not self.always_masked:
             return ids, None, None
         past = self.mask if self.mask is not None else torch.ones(self.bucket, start, dtype=torch.bool, device=device)
         offsets = torch.arange(width, device=device)[None, :].expand(self.bucket, -1)  # [bucket, width]
@@ -222,14 +251,17 @@ class RowLayout:
                                    "load the target with sdpa or eager attention, or draft a chain")
             ancestors = _ancestors(trees, self.bucket, width, device)  # [bucket, width, width]
             offsets = ancestors.sum(-1) - 1  # each column's depth
-            attention = torch.cat([past[:, None, :].expand(-1, width, -1), ancestors & real[:, None, :]], dim=2)
+            seen = past[:, None, :].expand(-1, width, -1)  # [bucket, width, start]
+            if steer is not None:
+                seen = seen & steer.visible
+            attention = torch.cat([seen, ancestors & real[:, None, :]], dim=2)
             attention = torch.nn.functional.pad(attention, (0, keys - start - width))  # a compiled reach
             attention = additive(attention, model.dtype)  # [bucket, 1, width, keys]
         else:
             attention = widen(torch.cat([past, real], dim=1).long())  # [bucket, columns + width (or capacity + 1)]
         lengths = self.lengths + [0] * (self.bucket - len(self.lengths))
         position_ids = torch.tensor(lengths, device=device)[:, None] + offsets  # [bucket, width]
-        return ids, attention, position_ids
+        return ids, attention, steer.positions if steer is not None else position_ids
 
     def keep(self, kept: list[list[int]], columns: int, device) -> None:
         """Live row i kept its appended columns ``kept[i]`` of the last step (the cache now ends at the last column
@@ -240,7 +272,7 @@ class RowLayout:
         chosen = torch.zeros(self.bucket, most, dtype=torch.bool, device=device)  # [bucket, most]
         for row, picked in enumerate(kept):
             chosen[row, picked] = True
-        if self.mask is not None or not bool(chosen.all()):
+        if self.mask is not None or any(picked != list(range(most)) for picked in kept):  # host lists: no read
             past = self.mask if self.mask is not None else torch.ones(self.bucket, columns - most, dtype=torch.bool,
                                                                       device=device)
             self.mask = torch.cat([past, chosen], dim=1)  # [bucket, columns]
@@ -289,6 +321,7 @@ class BatchCache:
         self.rows = RowLayout(rows, bucket, always_masked=static is not None and bucket > 1)
         self.step: Callable | None = None
         self._appended: list[int] = []  # tokens each row fed in the last forward pass
+        self._held = False  # between mark and restore: no compaction (the mark's columns stay where they are)
 
     @property
     def cache(self) -> Cache:
@@ -324,11 +357,12 @@ class BatchCache:
         self.rows.always_masked = value
 
     def forward(self, model, tokens: list[list[int]], keep_logits: int, reach: int = 0,
-                trees: list[list[int]] | None = None) -> torch.Tensor:
+                trees: list[list[int]] | None = None, steer: Steer | None = None) -> torch.Tensor:
         """Append each live row's ``tokens`` (rows may differ in length) and return the last ``keep_logits`` logits of
-        each row's block, ``[rows, keep_logits, vocab]``. ``trees``: per row, a token tree's parent columns
-        (:meth:`RowLayout.inputs`). Follow with :meth:`keep`. A compiled step attends over ``reach`` positions at
-        least (:meth:`StaticStorage.reach`); a tree's mask spans the same."""
+        each row's block, ``[rows, keep_logits, vocab]``. ``trees``: per row, a token tree's parent columns;
+        ``steer``: what the new columns see of the past and their positions (:meth:`RowLayout.inputs`). Follow with
+        :meth:`keep`. A compiled step attends over ``reach`` positions at least (:meth:`StaticStorage.reach`); a
+        tree's mask spans the same."""
         live, width = len(tokens), max(len(row) for row in tokens)
         tokens = tokens + [[]] * (self.rows.bucket - live)  # dead rows feed nothing
         if self.capacity is not None and self.columns + width > self.capacity:
@@ -337,7 +371,7 @@ class BatchCache:
                 raise SpecdecError(f"static KV cache of {self.capacity} positions is full: a bug, please report it")
         start = self.columns
         keys = self.storage.reach(start + width, self.step is not None, reach)  # what attention reads
-        ids, attention, position_ids = self.rows.inputs(tokens, start, keys, model, trees, self.storage.widen)
+        ids, attention, position_ids = self.rows.inputs(tokens, start, keys, model, trees, self.storage.widen, steer)
         self.storage.attend(keys)
         logits = (self.step or model)(input_ids=ids, attention_mask=attention, position_ids=position_ids,
                                       cache=self.cache, use_cache=True,
@@ -360,6 +394,32 @@ class BatchCache:
         self.rows.keep(kept, self.columns, device)
         self.compact()
 
+    def mark(self) -> Mark:
+        """Where the cache stands, to :meth:`restore` after a draft's own passes (no compaction in between)."""
+        mask = self.rows.mask.clone() if self.rows.mask is not None else None
+        self._held = True
+        return Mark(self.columns, mask, list(self.rows.lengths))
+
+    def restore(self, mark: Mark, kept: list[int] | None = None) -> None:
+        """Drop the columns appended since ``mark`` (of the same live rows: :meth:`Mark.select` follows rows that
+        left), but live row i's first ``kept[i]`` (a draft's chain: every column appended since is each drafting
+        row's own, one per pass)."""
+        most = max(kept, default=0) if kept else 0
+        rollback(self.cache, mark.columns + most)
+        if most:
+            mask, device = self.rows.mask, self.cache.layers[0].keys.device
+            region = (mask[:, mark.columns: mark.columns + most].clone() if mask is not None
+                      else torch.ones(self.rows.bucket, most, dtype=torch.bool, device=device))
+            for row, count in enumerate(kept):
+                region[row, count:] = False
+            past = mark.mask if mark.mask is not None else torch.ones(self.rows.bucket, mark.columns, dtype=torch.bool,
+                                                                      device=region.device)
+            self.rows.mask = torch.cat([past, region], dim=1)
+            self.rows.lengths = [length + count for length, count in zip(mark.lengths, kept, strict=True)]
+        else:
+            self.rows.mask, self.rows.lengths = mark.mask, list(mark.lengths)
+        self._held = False
+
     def rollback(self, length: int) -> None:
         """A batch of one without holes: drop cached positions past ``length``."""
         if self.rows.mask is not None or self.rows.bucket != 1:
@@ -376,7 +436,9 @@ class BatchCache:
         self.compact()
 
     def compact(self, full: bool = False) -> None:
-        """Squeeze out holes once they fill half the cache (or, ``full``, now)."""
+        """Squeeze out holes once they fill half the cache (or, ``full``, now); never between mark and restore."""
+        if self._held:
+            return
         columns = self.columns
         index = self.rows.compaction(columns, full)
         if index is None:

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from specdraft_eval.engine import graphs
-from specdraft_eval.engine.drafter import Drafter, DrafterBase, Proposal
+from specdraft_eval.engine import graphs, host
+from specdraft_eval.engine.drafter import Drafter, DrafterBase, Proposal, Rows
 from specdraft_eval.engine.gamma import GammaController
 from specdraft_eval.engine.kv_cache import BatchCache
 from specdraft_eval.engine.params import DecodeParams, FixedGamma, GammaPolicy, RunSettings, StopCheck, row_positions
@@ -99,11 +99,10 @@ class NoDraft(DrafterBase):
 
 @dataclass
 class _Row:
-    """One request in a batch: what it has produced and how it drafts, samples and stops."""
+    """One request in a batch: what it has produced and how it samples and stops."""
 
     index: int
     prompt: list[int]
-    drafter: Drafter
     sampler: Sampler
     stop: StopCheck | None
     new: list[int] = field(default_factory=list)
@@ -111,37 +110,41 @@ class _Row:
     behind: bool = True  # its draft has not read every token but the last: before its first draft, after γ = 0
 
 
-def _steps(target, cache: BatchCache, rows: list[_Row], params: DecodeParams, controller: GammaController | FixedGamma,
-           tap: FeatureTap | None) -> tuple[list[_Row], GenerationStats]:
-    """Draft per row, verify all rows in one target pass, hand each row's draft the target's features of what it
-    kept, until every row has finished. Returns the finished rows and the batch's draft, draft prefill (a draft
-    catching up: :meth:`Drafter.catch_up`) and verification seconds."""
+def _steps(target, cache: BatchCache, rows: list[_Row], drafters: Rows, params: DecodeParams,
+           controller: GammaController | FixedGamma, tap: FeatureTap | None) -> tuple[list[_Row], GenerationStats]:
+    """Draft every row (one call), verify all rows in one target pass, hand the draft the target's features of what
+    each row kept, until every row has finished. Returns the finished rows and the batch's draft, draft prefill (a
+    draft catching up: :meth:`Drafter.catch_up`) and verification seconds and its verification passes."""
     device, eos, max_new_tokens = target.device, params.eos(target), params.max_new_tokens
     finished: list[_Row] = []
     clocked = GenerationStats()
     started = clock(device)
     while rows:
         t0 = clock(device)
+        controller.rows = len(rows)
         gamma = controller.gamma
-        proposals, catching_up = [], 0.0
-        for row in rows:
-            budget = min(gamma, max_new_tokens - len(row.new) - 1)
-            tokens = row.prompt + row.new
-            if budget > 0 and row.behind:
-                start = clock(device)
-                row.stats.draft_prefill_tokens += row.drafter.catch_up(tokens)
-                catching_up += clock(device) - start
+        tokens = [row.prompt + row.new for row in rows]
+        budgets = [min(gamma, max_new_tokens - len(row.new) - 1) for row in rows]
+        behind = [i for i, (row, budget) in enumerate(zip(rows, budgets, strict=True)) if budget > 0 and row.behind]
+        catching_up = 0.0
+        if behind:
+            start = clock(device)
+            for i, read in zip(behind, drafters.catch_up(tokens, behind), strict=True):
+                rows[i].stats.draft_prefill_tokens += read
+            catching_up = clock(device) - start
+        for row, budget in zip(rows, budgets, strict=True):
             row.behind = budget <= 0
-            proposals.append(row.drafter.propose(tokens, budget, row.sampler) if budget > 0 else Proposal([]))
+        proposals = drafters.propose(tokens, budgets, [row.sampler for row in rows])
         t1 = clock(device)
-        verdicts = verify_step(target, cache, [row.prompt + row.new for row in rows], proposals,
-                               [row.sampler for row in rows])
+        verdicts = verify_step(target, cache, tokens, proposals, [row.sampler for row in rows])
         t2 = clock(device)
         features = tap.take() if tap else None  # [rows, width, features]: the target's, for drafts that read them
         drafting = t1 - t0 - catching_up
         clocked.draft_seconds += drafting
         clocked.draft_prefill_seconds += catching_up
         clocked.verify_seconds += t2 - t1
+        clocked.steps += 1
+        controller.update([len(p.tokens) for p in proposals], [len(path) for path, _ in verdicts], drafting, t2 - t1)
         staying = []
         for position, (row, proposal, (path, next_token)) in enumerate(zip(rows, proposals, verdicts, strict=True)):
             emitted = [*(proposal.tokens[node] for node in path), next_token]
@@ -154,8 +157,7 @@ def _steps(target, cache: BatchCache, rows: list[_Row], params: DecodeParams, co
             row.stats.draft_seconds += drafting / len(rows)  # its share of the batch's drafting
             row.stats.verify_seconds += t2 - t1  # the pass it waited for
             if features is not None:  # the root's and the accepted path's
-                row.drafter.observe(features[position, [0, *(1 + node for node in path)]])
-            controller.update(len(proposal.tokens), len(path), drafting / len(rows), (t2 - t1) / len(rows))
+                drafters.observe(position, features[position, [0, *(1 + node for node in path)]])
             if done:
                 row.stats.decode_seconds = t2 - started  # until its last pass: no clock read (a GPU sync) per row
                 finished.append(row)
@@ -165,15 +167,16 @@ def _steps(target, cache: BatchCache, rows: list[_Row], params: DecodeParams, co
             rows = [rows[i] for i in staying]
             if rows:
                 cache.select(staying)
+                drafters.select(staying)
     return finished, clocked
 
 
 def _decode(target, draft: Drafter, prompts: list[list[int]], params: DecodeParams, run: RunSettings, *,
             stops: list[StopCheck | None], controller: GammaController | FixedGamma
             ) -> tuple[list[list[int]], GenerationStats]:
-    """The loop every generation runs: prefill all rows, then draft per row, verify all rows in one target pass,
+    """The loop every generation runs: prefill all rows, then draft every row, verify all rows in one target pass,
     and let rows leave as they finish. Returns each row's new tokens and the batch's stats (counters summed over
-    rows, times once for the batch)."""
+    rows, times, verification passes and host reads once for the batch)."""
     device = target.device
     longest = row_positions(max(map(len, prompts)), params.max_new_tokens, controller.max_gamma)
     start = clock(device)
@@ -192,15 +195,16 @@ def _decode(target, draft: Drafter, prompts: list[list[int]], params: DecodePara
             tap.take()  # the warm-up's features: nobody's
         cache.step = static.step if static else None
         decode_start = clock(device)
-        compiles = graphs.compiled_graphs()
-        rows = [_Row(i, prompt, draft.fork() if len(prompts) > 1 else draft, params.sampler(device), stop)
+        compiles, reads = graphs.compiled_graphs(), host.reads()
+        rows = [_Row(i, prompt, params.sampler(device), stop)
                 for i, (prompt, stop) in enumerate(zip(prompts, stops, strict=True))]
+        drafters = draft.rows(len(rows))
+        drafters.reset(longest if run.static_cache else None)
         for row in rows:
-            row.drafter.reset(longest if run.static_cache else None)
             row.stats = GenerationStats(generations=1, prompt_tokens=len(row.prompt))
             if prefilled is not None:
-                row.drafter.observe(prefilled[row.index, : len(row.prompt) - 1])
-        finished, clocked = _steps(target, cache, rows, params, controller, tap)
+                drafters.observe(row.index, prefilled[row.index, : len(row.prompt) - 1])
+        finished, clocked = _steps(target, cache, rows, drafters, params, controller, tap)
     finally:
         if tap:
             tap.close()
@@ -214,6 +218,7 @@ def _decode(target, draft: Drafter, prompts: list[list[int]], params: DecodePara
     total.compile_seconds, total.recompiles = warm_up, graphs.compiled_graphs() - compiles
     total.draft_seconds, total.verify_seconds = clocked.draft_seconds, clocked.verify_seconds
     total.draft_prefill_seconds = clocked.draft_prefill_seconds
+    total.verify_passes, total.host_reads = clocked.steps, host.reads() - reads
     total.decode_seconds = clock(device) - decode_start
     return [row.new for row in sorted(finished, key=lambda r: r.index)], total
 

@@ -54,10 +54,12 @@ def text_stop(tokenizer, stop: list[str] | None) -> StopCheck | None:
 class FixedGamma:
     """γ that never changes: :class:`~specdraft_eval.engine.gamma.GammaController`'s interface for a fixed γ."""
 
+    rows = 1
+
     def __init__(self, gamma: int) -> None:
         self.gamma = self.max_gamma = gamma
 
-    def update(self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
+    def update(self, drafted, accepted, draft_seconds: float, verify_seconds: float) -> None:
         """Nothing to learn."""
 
 

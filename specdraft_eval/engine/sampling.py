@@ -59,9 +59,6 @@ class Sampler:
         """One token id per row of ``probs``."""
         return torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)
 
-    def uniform(self, device: torch.device) -> float:
-        return float(torch.rand((), generator=self.generator, device=device))
-
 
 def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator | None:
     """A seeded generator, or None to use torch's global RNG."""

@@ -78,6 +78,8 @@ class GenerationStats:
     draft_prefill_tokens: int = 0  # positions the draft read before drafting (prompt, catch-up after γ = 0)
     draft_prefill_seconds: float = 0.0
     overshoot_tokens: int = 0  # emitted by a final step past the stop (EOS or a stop sequence) and discarded
+    verify_passes: int = 0  # target passes that verified a batch (steps counts rows' steps)
+    host_reads: int = 0  # device-to-host reads while decoding (each a GPU synchronisation)
     # each request's own, in order
     per_request: list[GenerationStats] = field(default_factory=list, repr=False, compare=False)
     # (the engine fills it; adding concatenates; never written to a record: see request_figures)
@@ -297,6 +299,8 @@ class GenerationStats:
             "loop_overhead": self.loop_overhead,
             "compile_seconds": self.compile_seconds,
             "recompiles": self.recompiles,
+            "verify_passes": self.verify_passes,
+            "host_reads_per_pass": self.host_reads / self.verify_passes if self.verify_passes else None,
         }
 
 

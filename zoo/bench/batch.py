@@ -1,7 +1,9 @@
 """``zoo bench --batch-size 1,2,4,8``: tokens/s against batch size, speculative and plain, in our batched engine.
 
 Every batch size decodes the same prompts (batch B takes them B at a time), greedily, speculative and plain
-interleaved in each repeat, after a warm-up. Per draft and batch size: median tokens/s [min–max over repeats]
+interleaved in each repeat, after a warm-up, for each draft under each γ policy asked for (``--gamma 2,4,dynamic``:
+fixed γs and dynamic γ, whose controller learns over a repeat's batches and chooses γ per batch size, 0 where
+speculation does not pay). Per draft, γ and batch size: median tokens/s [min–max over repeats]
 both ways, their ratio, TAR, the target's and the draft's KV-cache bytes per token (at the weights' dtype) and
 peak memory of one batch each way. Each row's output must equal plain decoding of that prompt alone, token for
 token. The study says up to which batch size speculation pays.
@@ -30,15 +32,17 @@ from specdraft_eval.models.targets import LoadSettings
 from zoo.bench.result import BenchPlan
 from zoo.progress import Tick, no_progress
 
-SCHEMA_VERSION = 2  # 2: spreads carry n, the task
+SCHEMA_VERSION = 3  # 2: spreads carry n, the task; 3: a row per γ policy (gamma), draft ms per step, host reads
 
 
 @dataclass(frozen=True)
 class BatchRow:
-    """One draft at one batch size: tokens/s speculative and plain (median [min–max] over repeats), the median
-    speedup, TAR, KV bytes per token and peak memory."""
+    """One draft under one γ policy at one batch size: tokens/s speculative and plain (median [min–max] over
+    repeats), the median speedup, TAR, draft milliseconds per verification pass (the batch's drafting), host reads
+    per pass, KV bytes per token and peak memory."""
 
     draft: str
+    gamma: str  # "4", or "dynamic" (starting at the study's γ)
     batch_size: int
     tokens_per_second: Spread
     plain_tokens_per_second: Spread
@@ -48,6 +52,9 @@ class BatchRow:
     draft_kv_bytes_per_token: int
     peak_mb: float
     plain_peak_mb: float
+    draft_ms_per_pass: float = 0.0
+    host_reads_per_pass: float | None = None
+    mean_gamma: float | None = None  # drafted tokens per row per step (dynamic γ: what it chose)
 
     def to_json(self) -> dict:
         return {**asdict(self), "tokens_per_second": self.tokens_per_second.to_json(),
@@ -56,7 +63,8 @@ class BatchRow:
 
 @dataclass
 class BatchStudy:
-    """``zoo bench --batch-size``: the rows, the largest batch at which each draft still paid, and where."""
+    """``zoo bench --batch-size``: the rows, the largest batch at which each draft (and γ policy) still paid, and
+    where."""
 
     hardware: str
     dtype: str
@@ -78,57 +86,77 @@ def _batches(prompts: list[list[int]], size: int) -> list[list[list[int]]]:
 
 
 def run_batch_study(target, tokenizer, drafters: list, prompts: list[str], batch_sizes: list[int], plan: BenchPlan,
-                    on_run: Callable[[], None] = lambda: None) -> BatchStudy:
-    """Run the study (see the module docstring); raise :class:`SpecdecError` naming a prompt whose output
-    differs from plain decoding."""
-    gamma, repeats, max_new_tokens = plan.gamma, plan.repeats, plan.max_new_tokens
-    run = RunSettings(GammaPolicy(gamma))
+                    on_run: Callable[[], None] = lambda: None,
+                    policies: list[GammaPolicy] | None = None) -> BatchStudy:
+    """Run the study (see the module docstring) under each of ``policies`` (default: the plan's fixed γ); raise
+    :class:`SpecdecError` naming a prompt whose output differs from plain decoding."""
+    repeats, max_new_tokens = plan.repeats, plan.max_new_tokens
+    policies = policies or [GammaPolicy(plan.gamma)]
     ids = [tokenizer(p).input_ids[-512:] for p in prompts]  # long few-shot prompts: keep prefill comparable
     autoregressive_generate_batch(target, [ids[0]], min(8, max_new_tokens))  # warm-up
     expected = [autoregressive_generate_batch(target, [row], max_new_tokens)[0][0] for row in ids]
     rows = []
     for drafter in drafters:
-        for size in batch_sizes:
-            speculative_generate_batch(target, drafter, ids[:size], min(8, max_new_tokens), run=run)  # warm-up shapes
-            autoregressive_generate_batch(target, ids[:size], min(8, max_new_tokens))
-            spec, plain, tars = [], [], []
-            for _ in range(repeats):  # one session per repeat: the baseline first every other batch
-                session = Session(target, drafter, run, baseline=True)
-                for batch_index, batch in enumerate(_batches(ids, size)):
-                    outputs = session.generate(batch, DecodeParams(max_new_tokens)).outputs
-                    for offset, output in enumerate(outputs):
-                        if output != expected[batch_index * size + offset]:
-                            raise SpecdecError(
-                                f"batch {size}, draft {drafter.name}: prompt {batch_index * size + offset} differs "
-                                "from plain decoding: a bug, please report it with this command")
-                    on_run()
-                total = session.stats["default"]
-                spec.append(total.tokens_per_second)
-                plain.append(total.baseline_tokens_per_second)
-                tars.append(total.tar)
-            resident = distinct_weight_bytes(target, drafter.model)
-            first = ids[:size]
-            rows.append(BatchRow(
-                drafter.name, size, Spread.of(spec), Spread.of(plain),
-                statistics.median(s / p for s, p in zip(spec, plain, strict=True)), tars[0],
-                ModelFacts.of(target).kv_bytes_per_token, ModelFacts.of(drafter.model).kv_bytes_per_token,
-                peak_memory_mb(lambda: speculative_generate_batch(target, drafter, first, max_new_tokens, run=run),
-                               target.device, resident),
-                peak_memory_mb(lambda: autoregressive_generate_batch(target, first, max_new_tokens),
-                               target.device, distinct_weight_bytes(target))))
+        for policy in policies:
+            run = RunSettings(policy)
+            for size in batch_sizes:
+                rows.append(_measure(target, drafter, run, ids, expected, size, repeats, max_new_tokens, on_run))
     pays = {}
     for drafter in drafters:
-        paying = [r.batch_size for r in rows if r.draft == drafter.name and r.speedup > 1]
-        pays[drafter.name] = max(paying) if paying else None
+        for policy in policies:
+            label = _label(policy)
+            paying = [r.batch_size for r in rows if (r.draft, r.gamma) == (drafter.name, label) and r.speedup > 1]
+            pays[f"{drafter.name} γ={label}"] = max(paying) if paying else None
     return BatchStudy(hardware(target.device), dtype_name(target.dtype), torch.get_num_threads(), len(prompts),
-                      max_new_tokens, gamma, repeats, rows, pays)
+                      max_new_tokens, plan.gamma, repeats, rows, pays)
+
+
+def _label(policy: GammaPolicy) -> str:
+    return "dynamic" if policy.dynamic else str(policy.num_draft_tokens)
+
+
+def _measure(target, drafter, run: RunSettings, ids: list[list[int]], expected: list[list[int]], size: int,
+             repeats: int, max_new_tokens: int, on_run: Callable[[], None]) -> BatchRow:
+    """One draft under one γ policy at one batch size (a warm-up, then ``repeats`` sessions with the baseline)."""
+    speculative_generate_batch(target, drafter, ids[:size], min(8, max_new_tokens), run=run)  # warm-up shapes
+    autoregressive_generate_batch(target, ids[:size], min(8, max_new_tokens))
+    spec, plain, totals = [], [], []
+    for _ in range(repeats):  # one session per repeat: the baseline first every other batch
+        session = Session(target, drafter, run, baseline=True)
+        for batch_index, batch in enumerate(_batches(ids, size)):
+            outputs = session.generate(batch, DecodeParams(max_new_tokens)).outputs
+            for offset, output in enumerate(outputs):
+                if output != expected[batch_index * size + offset]:
+                    raise SpecdecError(
+                        f"batch {size}, draft {drafter.name}: prompt {batch_index * size + offset} differs "
+                        "from plain decoding: a bug, please report it with this command")
+            on_run()
+        total = session.stats["default"]
+        spec.append(total.tokens_per_second)
+        plain.append(total.baseline_tokens_per_second)
+        totals.append(total)
+    resident = distinct_weight_bytes(target, drafter.model)
+    first, passes = ids[:size], totals[0].verify_passes
+    return BatchRow(
+        drafter.name, _label(run.gamma), size, Spread.of(spec), Spread.of(plain),
+        statistics.median(s / p for s, p in zip(spec, plain, strict=True)), totals[0].tar,
+        ModelFacts.of(target).kv_bytes_per_token, ModelFacts.of(drafter.model).kv_bytes_per_token,
+        peak_memory_mb(lambda: speculative_generate_batch(target, drafter, first, max_new_tokens, run=run),
+                       target.device, resident),
+        peak_memory_mb(lambda: autoregressive_generate_batch(target, first, max_new_tokens),
+                       target.device, distinct_weight_bytes(target)),
+        draft_ms_per_pass=statistics.median(t.draft_seconds / t.verify_passes * 1000 for t in totals),
+        host_reads_per_pass=totals[0].host_reads / passes if passes else None,
+        mean_gamma=totals[0].draft_tokens / totals[0].steps if totals[0].steps else None)
 
 
 def study(target_name: str, drafts: list[str], prompts: list[str], plan: BenchPlan, settings: LoadSettings,
-          batch_sizes: list[int], tick: Tick = no_progress) -> BatchStudy:
+          batch_sizes: list[int], tick: Tick = no_progress, policies: list[GammaPolicy] | None = None) -> BatchStudy:
     """``zoo bench --batch-size``: load the target and drafts with ``settings`` and :func:`run_batch_study`."""
     from zoo.loading import load_run
 
     target, drafters = load_run(target_name, drafts, settings)
-    tick(0, total=sum(-(-len(prompts) // size) for size in batch_sizes) * plan.repeats * len(drafters))
-    return run_batch_study(target.model, target.tokenizer, drafters, prompts, batch_sizes, plan, on_run=tick)
+    runs = len(drafters) * len(policies or [None])
+    tick(0, total=sum(-(-len(prompts) // size) for size in batch_sizes) * plan.repeats * runs)
+    return run_batch_study(target.model, target.tokenizer, drafters, prompts, batch_sizes, plan, on_run=tick,
+                           policies=policies)

@@ -33,8 +33,9 @@ def table_rows(result: BenchResult) -> list[dict]:
 
 def batch_rows(result: BatchStudy) -> list[dict]:
     """The batch study as flat rows for the CLI's table (its only reader)."""
-    return [{"draft": r.draft, "batch": r.batch_size, "tok/s": spread_text(r.tokens_per_second, ".1f"),
+    return [{"draft": r.draft, "γ": r.gamma, "batch": r.batch_size, "tok/s": spread_text(r.tokens_per_second, ".1f"),
              "plain tok/s": spread_text(r.plain_tokens_per_second, ".1f"), "speedup": round(r.speedup, 2),
-             "TAR": round(r.tar, 2) if r.tar else None, "target KV B/tok": r.target_kv_bytes_per_token,
-             "draft KV B/tok": r.draft_kv_bytes_per_token, "peak MB": round(r.peak_mb),
-             "plain peak MB": round(r.plain_peak_mb)} for r in result.rows]
+             "TAR": round(r.tar, 2) if r.tar else None,
+             "mean γ": round(r.mean_gamma, 2) if r.mean_gamma is not None else None,
+             "draft ms/pass": round(r.draft_ms_per_pass, 1), "reads/pass": round(r.host_reads_per_pass or 0, 2),
+             "peak MB": round(r.peak_mb), "plain peak MB": round(r.plain_peak_mb)} for r in result.rows]

@@ -120,15 +120,16 @@ class EagleHead(nn.Module):
                 own: bool = False, mask: torch.Tensor | None = None) -> torch.Tensor:
         """``embeds`` [B, T, H] of tokens t+1, ``features`` [B, T, F] of positions t (the target's, or with ``own``
         the head's previous hidden states) -> the head's hidden states [B, T, H] (before its final norm).
-        ``mask``: a 4D additive mask over the cache and the new positions (a tree's), instead of the causal one."""
+        ``mask``: a 4D additive mask over the cache and the new positions (a tree's) instead of the causal one, or a
+        2D ``[B, columns]`` one (0 at holes) under the causal one."""
         if self.variant == EAGLE:
             x = self.fc(torch.cat([embeds, features], dim=-1))  # [B, T, H]
         else:
             if not own:
                 features = self.fc(self.input_norm(features) if self.input_norm is not None else features)
             x = torch.cat([embeds, features], dim=-1)  # [B, T, 2H]
-        if mask is None:
-            mask = create_causal_mask(config=self.config, inputs_embeds=x, attention_mask=None, cache=cache,
+        if mask is None or mask.dim() == 2:
+            mask = create_causal_mask(config=self.config, inputs_embeds=x, attention_mask=mask, cache=cache,
                                       position_ids=position_ids)
         rotary = self.rotary_emb(x, position_ids)
         for layer in self.layers:
