@@ -135,3 +135,54 @@ def test_sampling_at_batch_four_follows_target_distribution(draft_kind):
     assert 0 < counts["accepted"] < counts["drafted"]
     p12, p3 = fit(samples, expected)
     assert p12 > 1e-3 and p3 > 1e-3, (p12, p3)
+
+
+def _heads(target) -> dict:
+    """An EAGLE head (random, its fc scaled so its choices are not near-uniform) drafting chains and 2x3 trees."""
+    from specdraft_eval.drafts.eagle import EagleDrafter, TreeShape, new_head
+
+    head = new_head(target, seed=3)
+    with torch.no_grad():
+        head.fc.weight.mul_(4.0)
+    return {"eagle": EagleDrafter(head, target, "eagle", None),
+            "eagle-tree": EagleDrafter(head, target, "eagle-tree", None, TreeShape(2, 3))}
+
+
+@pytest.mark.parametrize("name", ["eagle", "eagle-tree"])
+@pytest.mark.parametrize("gamma,dynamic", [(3, False), (4, True)])
+def test_a_batched_head_gives_each_row_its_batch_one_output(target, name, gamma, dynamic):
+    """Rows of different lengths drafted in one head pass per position (chains) or per depth (trees), leaving at
+    different steps: each row's output equals its own at batch 1, which equals plain decoding."""
+    draft, rows = _heads(target)[name], prompts()
+    singles = [speculative_generate(target, draft, row, 20, num_draft_tokens=gamma, dynamic_gamma=dynamic)[0]
+               for row in rows]
+    assert singles == [autoregressive_generate(target, row, 20)[0] for row in rows]
+    for batch in (3, 8):
+        for start in range(0, len(rows), batch):
+            outputs, stats = speculative_generate_batch(target, draft, rows[start:start + batch], 20,
+                                                        num_draft_tokens=gamma, dynamic_gamma=dynamic)
+            assert outputs == singles[start:start + batch], (name, batch, start)
+            assert stats.draft_tokens > 0
+
+
+@pytest.mark.parametrize("name", ["prompt-lookup", "layers", "eagle", "eagle-tree"])
+def test_head_passes_and_host_reads_per_step_do_not_grow_with_the_batch(target, kinds, name):
+    """The same prompt as 1, 4 and 8 rows: every step identical across rows, so the draft's forward passes and the
+    host reads per verification pass must be the same at every batch size (per-row drafting would multiply them)."""
+    draft = {**kinds, **_heads(target)}[name]
+    model = draft.model
+    calls = [0]
+    hook = model.register_forward_pre_hook(lambda module, args: calls.__setitem__(0, calls[0] + 1)) if model else None
+    prompt = [5, 6, 7, 8] * 4 + [9, 10]
+    seen = {}
+    try:
+        for batch in (1, 4, 8):
+            calls[0] = 0
+            _, stats = speculative_generate_batch(target, draft, [prompt] * batch, 16, num_draft_tokens=3)
+            assert stats.verify_passes == stats.steps // batch
+            seen[batch] = (calls[0] / stats.verify_passes, stats.host_reads / stats.verify_passes)
+    finally:
+        if hook:
+            hook.remove()
+    assert seen[1] == seen[4] == seen[8], seen
+    assert seen[1][1] <= 1 + 3  # the verifier's one read, and a model draft's one per drafted position
