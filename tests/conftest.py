@@ -46,6 +46,22 @@ def tiny_llama(seed: int = 0, vocab: int = 64, layers: int = 4, hidden: int = 32
     return LlamaForCausalLM(config).eval()
 
 
+def observed(drafter) -> list:
+    """The features the engine hands ``drafter``'s rows (every ``observe``), recorded in order into the list
+    returned (``drafter.rows`` is wrapped: the rows the engine drafts with)."""
+    seen: list = []
+    rows = drafter.rows
+
+    def recording(count):
+        batch = rows(count)
+        observe = batch.observe
+        batch.observe = lambda row, features: (seen.append(features.clone()), observe(row, features))
+        return batch
+
+    drafter.rows = recording
+    return seen
+
+
 def word_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
     """A whitespace word-level tokenizer over ``words`` (no hub needed)."""
     from tokenizers import Tokenizer, models, pre_tokenizers

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_cli, save_tiny, tiny_llama
+from conftest import observed, run_cli, save_tiny, tiny_llama
 
 from specdraft_eval import (
     autoregressive_generate,
@@ -113,16 +113,7 @@ def test_the_head_reads_the_targets_features(tmp_path, target):
     """The drafter sees exactly the target's final hidden state at every position it kept, from prefill and from
     each verification (a recording head in place of the real one)."""
     draft = KIND.load(str(eagle_dir(tmp_path, target)), Target(target, None))
-    seen: list[torch.Tensor] = []
-    rows = draft.rows
-
-    def recording(count):  # the rows the engine drafts with: what they observe
-        batch = rows(count)
-        observe = batch.observe
-        batch.observe = lambda row, features: (seen.append(features.clone()), observe(row, features))
-        return batch
-
-    draft.rows = recording
+    seen = observed(draft)
     prompt = list(range(2, 12))
     out, _ = speculative_generate(target, draft, prompt, 12, num_draft_tokens=2)
     features = torch.cat(seen)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_llama
+from conftest import observed, tiny_llama
 
 from specdraft_eval.drafts.eagle import KIND
 from specdraft_eval.engine.sampling import Sampler
@@ -322,16 +322,7 @@ def test_the_engine_hands_an_eagle3_head_the_inputs_of_its_layers_in_ascending_o
 
     drafter = KIND.load(str(write_eagle3(tmp_path / "head", taps=[4, 1, 3], taps_under="eagle_config")),
                     Target(target, None))
-    seen: list[torch.Tensor] = []
-    rows = drafter.rows
-
-    def recording(count):  # the rows the engine drafts with: what they observe
-        batch = rows(count)
-        observe = batch.observe
-        batch.observe = lambda row, features: (seen.append(features.clone()), observe(row, features))
-        return batch
-
-    drafter.rows = recording
+    seen = observed(drafter)
     prompt = list(range(2, 12))
     out, _ = speculative_generate(target, drafter, prompt, 10, num_draft_tokens=2)
     with torch.no_grad():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 import torch
 
@@ -31,6 +32,25 @@ def choose(logits: torch.Tensor, samplers: list[Sampler], ids: torch.Tensor | No
     full = torch.zeros(len(samplers), vocab_size, dtype=probs.dtype, device=probs.device)
     full[:, ids] = probs
     return host.read(ids[index]), full
+
+
+def draft_chains(logits: torch.Tensor, depth: int, samplers: list[Sampler], ids: torch.Tensor | None,
+                 vocab_size: int, advance: Callable[[list[int]], torch.Tensor]) -> list[Proposal]:
+    """Each row's chain of ``depth`` tokens, drafted autoregressively for all rows at once: :func:`choose` from
+    ``logits`` (``[rows, head vocabulary]``), then ``advance(chosen)`` runs the draft one position further and gives
+    the next logits (not called after the last)."""
+    chains: list[list[int]] = [[] for _ in samplers]
+    probs: list[torch.Tensor] = []  # per position: [rows, vocab]
+    for i in range(depth):
+        chosen, distribution = choose(logits, samplers, ids, vocab_size)
+        for chain, token in zip(chains, chosen, strict=True):
+            chain.append(token)
+        if distribution is not None:
+            probs.append(distribution)
+        if i + 1 < depth:
+            logits = advance(chosen)
+    stacked = torch.stack(probs, 1) if probs else None  # [rows, depth, vocab]
+    return [Proposal(chain, None if stacked is None else stacked[j]) for j, chain in enumerate(chains)]
 
 
 class ModelDrafter(DrafterBase):
@@ -156,23 +176,18 @@ class ModelRows:
                              for row in range(self.count)])[drafting]
         depth, drafter = max(budgets[row] for row in drafting), self.drafter
         self.mark = self.cache.mark()
-        chains: list[list[int]] = [[] for _ in drafting]
-        probs: list[torch.Tensor] = []
-        for i in range(depth):
-            chosen, distribution = choose(logits, [samplers[row] for row in drafting], drafter._ids,
-                                          drafter.vocab_size)
-            for chain, token in zip(chains, chosen, strict=True):
-                chain.append(token)
-            if distribution is not None:
-                probs.append(distribution)
-            if i + 1 < depth:
-                feeding: list[list[int]] = [[] for _ in range(self.count)]
-                for j, row in enumerate(drafting):
-                    feeding[row] = [chosen[j]]
-                    self.own[row] += 1
-                logits = self._feed(feeding)[drafting]
-        stacked = torch.stack(probs, 1) if probs else None  # [R, depth, vocab]
-        for j, row in enumerate(drafting):
+
+        def advance(chosen: list[int]) -> torch.Tensor:
+            feeding: list[list[int]] = [[] for _ in range(self.count)]
+            for j, row in enumerate(drafting):
+                feeding[row] = [chosen[j]]
+                self.own[row] += 1
+            return self._feed(feeding)[drafting]
+
+        drafted = draft_chains(logits, depth, [samplers[row] for row in drafting], drafter._ids, drafter.vocab_size,
+                               advance)
+        for row, proposal in zip(drafting, drafted, strict=True):
             budget = budgets[row]
-            proposals[row] = Proposal(chains[j][:budget], None if stacked is None else stacked[j, :budget])
+            proposals[row] = Proposal(proposal.tokens[:budget], None if proposal.probs is None
+                                      else proposal.probs[:budget])
         return proposals

@@ -10,7 +10,7 @@ import torch
 
 from specdraft_eval.drafts.eagle.module import EagleHead
 from specdraft_eval.drafts.kind import split_shape
-from specdraft_eval.drafts.model import choose
+from specdraft_eval.drafts.model import draft_chains
 from specdraft_eval.engine import host, kv_cache
 from specdraft_eval.engine.drafter import DrafterBase, Proposal
 from specdraft_eval.engine.kv_cache import BatchCache
@@ -195,24 +195,18 @@ class EagleRows:
         """Each drafting row's chain, ``depth`` tokens: one head pass per token for all of them."""
         head, drafter = self.drafter.model, self.drafter
         hidden = torch.stack([self.last[row] for row in drafting])  # [R, H]
-        chains: list[list[int]] = [[] for _ in drafting]
-        probs: list[torch.Tensor] = []  # per position: [R, vocab]
-        for i in range(depth):
-            chosen, distribution = choose(head.logits(hidden).float(), [samplers[row] for row in drafting],
-                                          drafter.ids, drafter.vocab_size)
-            for chain, token in zip(chains, chosen, strict=True):
-                chain.append(token)
-            if distribution is not None:
-                probs.append(distribution)
-            if i + 1 < depth:
-                feeding: list[list[int]] = [[] for _ in range(self.count)]
-                features: list[torch.Tensor | None] = [None] * self.count
-                for j, row in enumerate(drafting):
-                    feeding[row], features[row] = [chosen[j]], hidden[j: j + 1]
-                out = self._pass(feeding, features, own=True, keep=[len(f) for f in feeding])
-                hidden = out[drafting, 0]
-        stacked = torch.stack(probs, 1) if probs else None  # [R, depth, vocab]
-        return [Proposal(chain, None if stacked is None else stacked[j]) for j, chain in enumerate(chains)]
+
+        def advance(chosen: list[int]) -> torch.Tensor:
+            nonlocal hidden
+            feeding: list[list[int]] = [[] for _ in range(self.count)]
+            features: list[torch.Tensor | None] = [None] * self.count
+            for j, row in enumerate(drafting):
+                feeding[row], features[row] = [chosen[j]], hidden[j: j + 1]
+            hidden = self._pass(feeding, features, own=True, keep=[len(f) for f in feeding])[drafting, 0]
+            return head.logits(hidden).float()
+
+        return draft_chains(head.logits(hidden).float(), depth, [samplers[row] for row in drafting], drafter.ids,
+                            drafter.vocab_size, advance)
 
     def _trees(self, drafting: list[int], budgets: list[int]) -> list[Proposal]:
         """EAGLE-2's dynamic tree (``topK_genrate``) for each drafting row: the top-k children of the root, then per
