@@ -62,7 +62,7 @@ def test_verify_estimates_interpolate_and_extrapolate():
     assert abs(controller.verify_seconds(5) - 0.050) < 1e-12
 
 
-def test_rejected_probes_back_off_exponentially_and_an_accepted_one_resets():
+def test_probes_that_do_not_pay_back_off_exponentially_and_one_that_pays_resets():
     controller = GammaController(start=4, max_gamma=16, probe_every=8, max_probe_every=64)
     chosen = drive(controller, 400, accept=0.0, verify_ms=lambda n: 60.0 + 10.0 * n, draft_ms=20.0)
     probes = [i for i, g in enumerate(chosen) if g == 1 and i > 2]
@@ -72,8 +72,13 @@ def test_rejected_probes_back_off_exponentially_and_an_accepted_one_resets():
     for _ in range(64):
         controller.update(0, 0, 0.0, 0.07)
     assert controller.gamma == 1  # the next probe is due
-    controller.update(1, 1, 0.02, 0.08)  # and accepted
-    assert controller.probe_every == 8
+    controller.update(1, 1, 0.001, 0.071)  # accepted, but one acceptance after many rejections: still no gain
+    assert controller.probe_every == 64
+    good = GammaController(start=4, max_gamma=16, probe_every=8, max_probe_every=64)
+    drive(good, 40, accept=0.9, verify_ms=lambda n: 60.0 + 1.0 * n, draft_ms=0.5)  # a draft that pays
+    good.probe_every, good._idle = 64, 64  # as if it had backed off
+    good.update(1, 1, 0.0005, 0.061)
+    assert good.probe_every == 8
 
 
 def test_one_controller_serves_a_whole_run(monkeypatch):
@@ -254,3 +259,14 @@ def test_the_controller_drafts_at_batch_one_where_a_batch_of_eight_does_not(monk
     assert alone == plain[0:1] and eight == plain * 8
     assert one.draft_tokens / one.steps > 1  # drafts at batch 1
     assert many.draft_tokens / many.steps < 0.2  # mostly plain steps at batch 8
+
+
+def test_an_accepted_probe_after_which_drafting_still_does_not_pay_backs_off_too():
+    """A batch whose verification has no spare compute: probes are accepted (the draft is good) but drafting still
+    costs more than it gives, so the wait doubles all the same (issue 51: probes every 16 steps at batch 16)."""
+    controller = GammaController(start=2, max_gamma=8, probe_every=4, max_probe_every=32)
+    controller.rows = 16
+    for _ in range(200):
+        gamma = controller.gamma
+        controller.update([gamma] * 16, [gamma] * 16, 0.004 * gamma, 0.100 * (gamma + 1))  # all accepted
+    assert controller.probe_every == 32

@@ -10,10 +10,11 @@ over 0..max (B cancels: every row drafts γ). Position-wise rates capture bursty
 a run or misses at once), which a single per-token rate would not; a position never drafted yet takes the last
 measured rate. γ = 0 is a plain step, so where a batch's spare compute is gone (a CPU at batch 8, a GPU at hundreds
 of tokens per step) the batch decodes at plain speed; after ``probe_every`` such steps one γ = 1 step re-measures
-α, and each probe that is rejected doubles the wait (up to ``max_probe_every``), so a hopeless draft costs a fraction
-of a percent. The first step drafts γ = start; a batch size met after that takes one plain step (its t_verify(B, 1)),
-then borrows the cost shape t_verify(B', n) / t_verify(B', 1) of the nearest batch size that drafted, until its own
-are measured. One
+α, and each probe after which drafting still does not pay doubles the wait (up to ``max_probe_every``), so a
+hopeless draft costs a fraction of a percent. A draft's time includes its catching up after plain steps (an EAGLE
+head reads the features it skipped), which is what switching back to drafting costs. The first step drafts
+γ = start; a batch size met after that takes one plain step (its t_verify(B, 1)), then borrows the cost shape
+t_verify(B', n) / t_verify(B', 1) of the nearest batch size that drafted, until its own are measured. One
 controller serves every generation of a run (``speculative_generate(..., gamma_controller=...)``): what it learnt
 carries over, including to the smaller batches rows leave behind. Unmeasured verify widths are estimated from the
 measured ones (optimistically, so larger γ gets tried), and γ grows by at most 2 beyond the widest measured, so it
@@ -91,10 +92,10 @@ class GammaController:
                 self._kept[i] += i < row_accepted
         seconds, positions = self._draft.get(len(drafted), (0.0, 0.0))
         self._draft[len(drafted)] = (DECAY * seconds + draft_seconds, DECAY * positions + max(drafted))
-        if self._idle >= self.probe_every:  # this step was a probe after backing off
-            self.probe_every = (self.min_probe_every if max(accepted)
-                                else min(2 * self.probe_every, self.max_probe_every))
-        self._idle = 0
+        probed, self._idle = self._idle >= self.probe_every, 0
+        if probed:  # a probe after backing off: the wait resets only if drafting now pays at this batch size
+            pays = self._best(len(drafted)) > 0
+            self.probe_every = self.min_probe_every if pays else min(2 * self.probe_every, self.max_probe_every)
 
     def _widths(self, rows: int) -> dict[int, float]:
         return {n: seconds for (r, n), seconds in self._verify.items() if r == rows}
@@ -134,15 +135,22 @@ class GammaController:
             if other is None:
                 return self.start
             widths = self._widths(other)
-        largest = max(widths) - 1
+        best = self._best(rows, max(widths) - 1)
+        if best == 0 and self._idle >= self.probe_every:
+            return 1
+        return best
+
+    def _best(self, rows: int, largest: int | None = None) -> int:
+        """The γ the model says is fastest for ``rows`` rows, up to 2 past the ``largest`` measured (default: this
+        batch size's)."""
+        if largest is None:
+            largest = max(self._widths(rows), default=1) - 1
         t_draft = self.draft_seconds(rows)
         best, best_rate = 0, 1.0 / self.verify_seconds(1, rows)
         for gamma in range(1, min(self.max_gamma, largest + 2) + 1):
             rate = self.expected_tokens(gamma) / (gamma * t_draft + self.verify_seconds(gamma + 1, rows))
             if rate > best_rate:
                 best, best_rate = gamma, rate
-        if best == 0 and self._idle >= self.probe_every:
-            return 1
         return best
 
 

@@ -144,7 +144,8 @@ def _steps(target, cache: BatchCache, rows: list[_Row], drafters: Rows, params: 
         clocked.draft_prefill_seconds += catching_up
         clocked.verify_seconds += t2 - t1
         clocked.steps += 1
-        controller.update([len(p.tokens) for p in proposals], [len(path) for path, _ in verdicts], drafting, t2 - t1)
+        controller.update([len(p.tokens) for p in proposals], [len(path) for path, _ in verdicts],
+                          drafting + catching_up, t2 - t1)  # switching back to drafting costs its catch-up
         staying = []
         for position, (row, proposal, (path, next_token)) in enumerate(zip(rows, proposals, verdicts, strict=True)):
             emitted = [*(proposal.tokens[node] for node in path), next_token]
