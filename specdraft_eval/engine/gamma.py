@@ -13,10 +13,11 @@ of tokens per step) the batch decodes at plain speed; after ``probe_every`` such
 α, and each probe after which drafting still does not pay doubles the wait (up to ``max_probe_every``), so a
 hopeless draft costs a fraction of a percent. A draft's time includes its catching up after plain steps (an EAGLE
 head reads the features it skipped), which is what switching back to drafting costs. The first step drafts
-γ = start; a batch size met after that takes one plain step (its t_verify(B, 1)), then borrows the cost shape
-t_verify(B', n) / t_verify(B', 1) of the nearest batch size that drafted, until its own are measured. One
-controller serves every generation of a run (``speculative_generate(..., gamma_controller=...)``): what it learnt
-carries over, including to the smaller batches rows leave behind. Unmeasured verify widths are estimated from the
+γ = start (1 in a batch: B × (γ + 1) tokens to verify); a batch size met after that takes one plain step (its
+t_verify(B, 1)), then borrows the cost shape t_verify(B', n) / t_verify(B', 1) of the nearest batch size that
+drafted, until its own are measured. One controller serves every generation of a run
+(``speculative_generate(..., gamma_controller=...)``): what it learnt carries over, including to the smaller
+batches rows leave behind. Unmeasured verify widths are estimated from the
 measured ones (optimistically, so larger γ gets tried), and γ grows by at most 2 beyond the widest measured, so it
 only climbs while the measurements say it pays.
 """
@@ -125,8 +126,8 @@ class GammaController:
 
     def choose(self, rows: int) -> int:
         """γ for a step of ``rows`` rows."""
-        if not self._verify:
-            return self.start
+        if not self._verify:  # the first step: γ = start alone, narrow in a batch (its verification grows with it)
+            return self.start if rows == 1 else min(self.start, 1)
         if (rows, 1) not in self._verify:
             return 0  # measure a plain step of this batch size
         widths = self._widths(rows)

@@ -108,6 +108,7 @@ class _Row:
     new: list[int] = field(default_factory=list)
     stats: GenerationStats = field(default_factory=GenerationStats)
     behind: bool = True  # its draft has not read every token but the last: before its first draft, after γ = 0
+    drafted: bool = False  # it has drafted before: catching up now is the cost of returning from γ = 0
 
 
 def _steps(target, cache: BatchCache, rows: list[_Row], drafters: Rows, params: DecodeParams,
@@ -126,14 +127,14 @@ def _steps(target, cache: BatchCache, rows: list[_Row], drafters: Rows, params: 
         tokens = [row.prompt + row.new for row in rows]
         budgets = [min(gamma, max_new_tokens - len(row.new) - 1) for row in rows]
         behind = [i for i, (row, budget) in enumerate(zip(rows, budgets, strict=True)) if budget > 0 and row.behind]
-        catching_up = 0.0
+        catching_up, returning = 0.0, all(rows[i].drafted for i in behind)  # (not a prompt's prefill)
         if behind:
             start = clock(device)
             for i, read in zip(behind, drafters.catch_up(tokens, behind), strict=True):
                 rows[i].stats.draft_prefill_tokens += read
             catching_up = clock(device) - start
         for row, budget in zip(rows, budgets, strict=True):
-            row.behind = budget <= 0
+            row.behind, row.drafted = budget <= 0, row.drafted or budget > 0
         proposals = drafters.propose(tokens, budgets, [row.sampler for row in rows])
         t1 = clock(device)
         verdicts = verify_step(target, cache, tokens, proposals, [row.sampler for row in rows])
@@ -145,7 +146,7 @@ def _steps(target, cache: BatchCache, rows: list[_Row], drafters: Rows, params: 
         clocked.verify_seconds += t2 - t1
         clocked.steps += 1
         controller.update([len(p.tokens) for p in proposals], [len(path) for path, _ in verdicts],
-                          drafting + catching_up, t2 - t1)  # switching back to drafting costs its catch-up
+                          drafting + (catching_up if returning else 0.0), t2 - t1)  # returning costs its catch-up
         staying = []
         for position, (row, proposal, (path, next_token)) in enumerate(zip(rows, proposals, verdicts, strict=True)):
             emitted = [*(proposal.tokens[node] for node in path), next_token]
