@@ -261,12 +261,18 @@ def test_the_controller_drafts_at_batch_one_where_a_batch_of_eight_does_not(monk
     assert many.draft_tokens / many.steps < 0.2  # mostly plain steps at batch 8
 
 
-def test_an_accepted_probe_after_which_drafting_still_does_not_pay_backs_off_too():
-    """A batch whose verification has no spare compute: probes are accepted (the draft is good) but drafting still
-    costs more than it gives, so the wait doubles all the same (issue 51: probes every 16 steps at batch 16)."""
-    controller = GammaController(start=2, max_gamma=8, probe_every=4, max_probe_every=32)
+def test_probes_where_they_cost_a_step_are_rare_and_back_off_even_when_accepted():
+    """A batch whose verification has no spare compute (a width-2 step costs two plain ones): probes are accepted
+    (the draft is good) but drafting still costs more than it gives, so they come at most once per
+    1 / PROBE_SHARE plain steps and the wait doubles all the same (issue 51: probes every 16 steps at batch 16)."""
+    from specdraft_eval.engine.gamma import PROBE_SHARE
+
+    controller = GammaController(start=2, max_gamma=8, probe_every=4, max_probe_every=256)
     controller.rows = 16
-    for _ in range(200):
+    drafted = []
+    for _ in range(400):
         gamma = controller.gamma
+        drafted.append(gamma)
         controller.update([gamma] * 16, [gamma] * 16, 0.004 * gamma, 0.100 * (gamma + 1))  # all accepted
-    assert controller.probe_every == 32
+    probes = [i for i, gamma in enumerate(drafted) if gamma and i > 1]
+    assert len(probes) <= 400 * PROBE_SHARE and controller.probe_every > 4

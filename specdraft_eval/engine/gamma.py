@@ -10,8 +10,9 @@ over 0..max (B cancels: every row drafts γ). Position-wise rates capture bursty
 a run or misses at once), which a single per-token rate would not; a position never drafted yet takes the last
 measured rate. γ = 0 is a plain step, so where a batch's spare compute is gone (a CPU at batch 8, a GPU at hundreds
 of tokens per step) the batch decodes at plain speed; after ``probe_every`` such steps one γ = 1 step re-measures
-α, and each probe after which drafting still does not pay doubles the wait (up to ``max_probe_every``), so a
-hopeless draft costs a fraction of a percent. A draft's time includes its catching up after plain steps (an EAGLE
+α (later where the probe's wider verification costs more: :data:`PROBE_SHARE`), and each probe after which
+drafting still does not pay doubles the wait (up to ``max_probe_every``), so a hopeless draft costs a fraction of a
+percent. A draft's time includes its catching up after plain steps (an EAGLE
 head reads the features it skipped), which is what switching back to drafting costs. The first step drafts
 γ = start (1 in a batch: B × (γ + 1) tokens to verify); a batch size met after that takes one plain step (its
 t_verify(B, 1)), then borrows the cost shape t_verify(B', n) / t_verify(B', 1) of the nearest batch size that
@@ -29,6 +30,10 @@ from collections.abc import Sequence
 
 DECAY = 0.9
 """Weight of the past in each running estimate (about the last ten steps count)."""
+
+PROBE_SHARE = 0.01
+"""At most this share of plain decoding's time goes to probes: a probe that widens a batch's verification by a
+fraction x of a plain step waits at least x / PROBE_SHARE plain steps (a CPU at batch 16: ~70)."""
 
 
 class GammaController:
@@ -75,6 +80,7 @@ class GammaController:
         seconds and its verification pass's."""
         drafted = [drafted] if isinstance(drafted, int) else list(drafted)
         accepted = [accepted] if isinstance(accepted, int) else list(accepted)
+        probed = max(drafted) > 0 and self._verify and self._idle >= self._probe_wait(len(drafted))
         key = (len(drafted), 1 + max(drafted))
         old = self._verify.get(key)
         self._verify[key] = verify_seconds if old is None else DECAY * old + (1 - DECAY) * verify_seconds
@@ -93,7 +99,7 @@ class GammaController:
                 self._kept[i] += i < row_accepted
         seconds, positions = self._draft.get(len(drafted), (0.0, 0.0))
         self._draft[len(drafted)] = (DECAY * seconds + draft_seconds, DECAY * positions + max(drafted))
-        probed, self._idle = self._idle >= self.probe_every, 0
+        self._idle = 0
         if probed:  # a probe after backing off: the wait resets only if drafting now pays at this batch size
             pays = self._best(len(drafted)) > 0
             self.probe_every = self.min_probe_every if pays else min(2 * self.probe_every, self.max_probe_every)
@@ -137,9 +143,15 @@ class GammaController:
                 return self.start
             widths = self._widths(other)
         best = self._best(rows, max(widths) - 1)
-        if best == 0 and self._idle >= self.probe_every:
+        if best == 0 and self._idle >= self._probe_wait(rows):
             return 1
         return best
+
+    def _probe_wait(self, rows: int) -> int:
+        """Plain steps before a γ = 1 probe at ``rows`` rows: ``probe_every``, or more where the probe's wider
+        verification costs more than :data:`PROBE_SHARE` of that many plain steps."""
+        extra = self.verify_seconds(2, rows) / self.verify_seconds(1, rows) - 1 if (rows, 1) in self._verify else 0.0
+        return max(self.probe_every, math.ceil(extra / PROBE_SHARE))
 
     def _best(self, rows: int, largest: int | None = None) -> int:
         """The γ the model says is fastest for ``rows`` rows, up to 2 past the ``largest`` measured (default: this
