@@ -39,3 +39,22 @@ def test_a_session_counts_a_divergence_with_its_index(monkeypatch):
     [where] = batch.divergences
     assert where.index == 5 and where.task == "t" and where.logit_margin is not None
     assert session.stats["t"].baseline_mismatches == 1 and session.divergences == [where]
+
+
+def test_the_sides_alternate_from_the_first_batch_given(monkeypatch):
+    """Speculative first in the first batch, then the baseline first, ...; ``baseline_first`` starts the other way
+    (a study of one-batch sessions alternates it, so neither side always runs on the colder memory)."""
+    order = []
+    real_spec, real_plain = session_module.speculative_generate_batch, session_module.autoregressive_generate_batch
+    monkeypatch.setattr(session_module, "speculative_generate_batch",
+                        lambda *a, **k: (order.append("spec"), real_spec(*a, **k))[1])
+    monkeypatch.setattr(session_module, "autoregressive_generate_batch",
+                        lambda *a, **k: (order.append("plain"), real_plain(*a, **k))[1])
+    target = tiny_llama()
+    for first in (False, True):
+        order.clear()
+        session = Session(target, KIND.load("3", None), baseline=True, baseline_first=first)
+        for _ in range(3):
+            session.generate(PROMPTS[:1], DecodeParams(4))
+        starts = order[::2]
+        assert starts == (["plain", "spec", "plain"] if first else ["spec", "plain", "spec"])

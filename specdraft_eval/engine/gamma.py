@@ -45,7 +45,7 @@ class GammaController:
         self._reached: list[float] = []  # [i]: decayed count of rows that drafted position i+1 after accepting i
         self._kept: list[float] = []  # [i]: ... of those, rows that accepted position i+1 too
         self._draft: dict[int, tuple[float, float]] = {}  # rows -> decayed (seconds drafting, positions drafted)
-        self._verify: dict[tuple[int, int], float] = {}  # (rows, tokens per row) -> decayed mean seconds of a pass
+        self._verify: dict[int, dict[int, float]] = {}  # rows -> tokens per row -> decayed mean seconds of a pass
         self._idle = 0  # plain steps since the last drafted one
         self.rows = 1  # the batch size of the next step (the loop sets it before reading gamma)
 
@@ -81,9 +81,8 @@ class GammaController:
         drafted = [drafted] if isinstance(drafted, int) else list(drafted)
         accepted = [accepted] if isinstance(accepted, int) else list(accepted)
         probed = max(drafted) > 0 and self._verify and self._idle >= self._probe_wait(len(drafted))
-        key = (len(drafted), 1 + max(drafted))
-        old = self._verify.get(key)
-        self._verify[key] = verify_seconds if old is None else DECAY * old + (1 - DECAY) * verify_seconds
+        widths, n = self._verify.setdefault(len(drafted), {}), 1 + max(drafted)
+        widths[n] = verify_seconds if n not in widths else DECAY * widths[n] + (1 - DECAY) * verify_seconds
         if not max(drafted):
             self._idle += 1
             return
@@ -105,11 +104,16 @@ class GammaController:
             self.probe_every = self.min_probe_every if pays else min(2 * self.probe_every, self.max_probe_every)
 
     def _widths(self, rows: int) -> dict[int, float]:
-        return {n: seconds for (r, n), seconds in self._verify.items() if r == rows}
+        return self._verify.get(rows, {})
 
-    def _nearest(self, rows: int, found) -> int | None:
-        """The measured batch size nearest ``rows`` (by ratio) for which ``found(size)`` holds."""
-        sizes = [size for size in {r for r, _ in self._verify} | set(self._draft) if found(size)]
+    def _shaped(self, rows: int) -> bool:
+        """Whether a plain step and a drafted one were measured at ``rows`` rows."""
+        widths = self._widths(rows)
+        return 1 in widths and len(widths) >= 2
+
+    @staticmethod
+    def _nearest(rows: int, sizes) -> int | None:
+        """The batch size of ``sizes`` nearest ``rows`` by ratio."""
         return min(sizes, key=lambda size: (abs(math.log(size / rows)), size), default=None)
 
     def verify_seconds(self, n: int, rows: int = 1) -> float:
@@ -117,14 +121,14 @@ class GammaController:
         rows; a batch size with only its plain step measured scales the nearest drafting batch size's shape."""
         widths = self._widths(rows)
         if len(widths) < 2 and 1 in widths:
-            other = self._nearest(rows, lambda size: len(self._widths(size)) >= 2 and 1 in self._widths(size))
+            other = self._nearest(rows, [size for size in self._verify if self._shaped(size)])
             if other is not None:
-                return widths[1] * _estimate(self._widths(other), n) / self._verify[(other, 1)]
+                return widths[1] * _estimate(self._widths(other), n) / self._verify[other][1]
         return _estimate(widths, n)
 
     def draft_seconds(self, rows: int) -> float:
         """Seconds per drafted position for a batch of ``rows`` (the nearest measured batch size's if unmeasured)."""
-        size = rows if rows in self._draft else self._nearest(rows, lambda s: s in self._draft)
+        size = rows if rows in self._draft else self._nearest(rows, self._draft)
         if size is None:
             return 0.0
         seconds, positions = self._draft[size]
@@ -134,11 +138,11 @@ class GammaController:
         """γ for a step of ``rows`` rows."""
         if not self._verify:  # the first step: γ = start alone, narrow in a batch (its verification grows with it)
             return self.start if rows == 1 else min(self.start, 1)
-        if (rows, 1) not in self._verify:
+        if 1 not in self._widths(rows):
             return 0  # measure a plain step of this batch size
         widths = self._widths(rows)
         if len(widths) < 2:
-            other = self._nearest(rows, lambda size: len(self._widths(size)) >= 2 and 1 in self._widths(size))
+            other = self._nearest(rows, [size for size in self._verify if self._shaped(size)])
             if other is None:
                 return self.start
             widths = self._widths(other)
@@ -150,7 +154,7 @@ class GammaController:
     def _probe_wait(self, rows: int) -> int:
         """Plain steps before a γ = 1 probe at ``rows`` rows: ``probe_every``, or more where the probe's wider
         verification costs more than :data:`PROBE_SHARE` of that many plain steps."""
-        extra = self.verify_seconds(2, rows) / self.verify_seconds(1, rows) - 1 if (rows, 1) in self._verify else 0.0
+        extra = self.verify_seconds(2, rows) / self.verify_seconds(1, rows) - 1 if 1 in self._widths(rows) else 0.0
         return max(self.probe_every, math.ceil(extra / PROBE_SHARE))
 
     def _best(self, rows: int, largest: int | None = None) -> int:
@@ -158,10 +162,15 @@ class GammaController:
         batch size's)."""
         if largest is None:
             largest = max(self._widths(rows), default=1) - 1
-        t_draft = self.draft_seconds(rows)
-        best, best_rate = 0, 1.0 / self.verify_seconds(1, rows)
+        t_draft, widths = self.draft_seconds(rows), self._widths(rows)
+        other = (self._nearest(rows, [size for size in self._verify if self._shaped(size)])
+                 if len(widths) < 2 and 1 in widths else None)  # as verify_seconds borrows
+        scale, shape = (widths[1] / self._verify[other][1], self._widths(other)) if other is not None else (1.0, widths)
+        best, best_rate, tokens, chance = 0, 1.0 / self.verify_seconds(1, rows), 1.0, 1.0
         for gamma in range(1, min(self.max_gamma, largest + 2) + 1):
-            rate = self.expected_tokens(gamma) / (gamma * t_draft + self.verify_seconds(gamma + 1, rows))
+            chance *= self.acceptance(gamma)
+            tokens += chance  # expected_tokens(gamma)
+            rate = tokens / (gamma * t_draft + scale * _estimate(shape, gamma + 1))
             if rate > best_rate:
                 best, best_rate = gamma, rate
         return best

@@ -34,12 +34,15 @@ class Batch:
 class Session:
     """Runs requests for one target and drafter under one run's settings, with the baseline and its check."""
 
-    def __init__(self, target, drafter: Drafter, run: RunSettings = RunSettings(), baseline: bool = False) -> None:
+    def __init__(self, target, drafter: Drafter, run: RunSettings = RunSettings(), baseline: bool = False,
+                 baseline_first: bool = False) -> None:
         self.target, self.drafter, self.run, self.baseline = target, drafter, run, baseline
         self.controller = run.gamma.controller()  # learns about the draft over the whole run
         self.stats: dict[str, GenerationStats] = defaultdict(GenerationStats)
         self.divergences: list[Divergence] = []
         self.batches = 0
+        self.baseline_first = baseline_first  # the first batch's order (then alternating): a caller running many
+        # one-batch sessions alternates it, so neither side always runs first (on the colder memory)
 
     def generate(self, prompts: list[list[int]], params: DecodeParams,
                  stops: Callable[[], list[StopCheck | None]] | None = None, task: str = "default") -> Batch:
@@ -54,7 +57,7 @@ class Session:
                                                  stops=stops() if stops else None)
 
         self.batches += 1
-        if self.baseline and self.batches % 2 == 0:
+        if self.baseline and (self.batches + self.baseline_first) % 2 == 0:
             (references, base), (outputs, stats) = plain(), speculate()
         else:
             outputs, stats = speculate()

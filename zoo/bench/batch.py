@@ -121,8 +121,8 @@ def _measure(target, drafter, run: RunSettings, ids: list[list[int]], expected: 
     speculative_generate_batch(target, drafter, ids[:size], min(8, max_new_tokens), run=run)  # warm-up shapes
     autoregressive_generate_batch(target, ids[:size], min(8, max_new_tokens))
     spec, plain, totals = [], [], []
-    for _ in range(repeats):  # one session per repeat: the baseline first every other batch
-        session = Session(target, drafter, run, baseline=True)
+    for repeat in range(repeats):  # one session per repeat: the baseline first every other batch and repeat
+        session = Session(target, drafter, run, baseline=True, baseline_first=bool(repeat % 2))
         for batch_index, batch in enumerate(_batches(ids, size)):
             outputs = session.generate(batch, DecodeParams(max_new_tokens)).outputs
             for offset, output in enumerate(outputs):
