@@ -29,14 +29,16 @@ class _Nodes:
     @classmethod
     def of(cls, proposals: list[Proposal], device) -> _Nodes:
         rows, width = len(proposals), max(len(p.tokens) for p in proposals)
-        tokens = torch.zeros(rows, width, dtype=torch.long)
-        parents = torch.full((rows, width), -2, dtype=torch.long)
+        tokens = torch.tensor([p.tokens + [0] * (width - len(p.tokens)) for p in proposals], dtype=torch.long)
+        parents = torch.tensor([p.tree + [-2] * (width - len(p.tokens)) for p in proposals], dtype=torch.long)
         ancestors = torch.zeros(rows, width, width, dtype=torch.bool)
+        chain = torch.ones(width, width, dtype=torch.bool).tril()
         for row, proposal in enumerate(proposals):
             count = len(proposal.tokens)
-            tokens[row, :count] = torch.tensor(proposal.tokens, dtype=torch.long)
-            parents[row, :count] = torch.tensor(proposal.tree, dtype=torch.long)
-            for node, parent in enumerate(proposal.tree):
+            if proposal.parents is None:  # a chain: every earlier node
+                ancestors[row, :count, :count] = chain[:count, :count]
+                continue
+            for node, parent in enumerate(proposal.parents):
                 ancestors[row, node, node] = True
                 if parent >= 0:
                     ancestors[row, node] |= ancestors[row, parent]
