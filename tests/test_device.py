@@ -127,8 +127,9 @@ def test_gpu_check_small_rehearsal(tmp_path):
     results = json.loads((tmp_path / "gpu_check.json").read_text())
     assert {"step_latency", "verify_cost", "bench", "lm_eval", "steady", "sharded", "batch_sweep"} <= set(results)
     sweep = results["batch_sweep"]["rows"]
-    assert {(r["draft"], r["gamma"], r["batch_size"]) for r in sweep} == {
-        (d, g, b) for d in ("eagle-head", "prompt-lookup") for g in ("4", "dynamic") for b in (1, 2, 4)}
+    assert len({r["draft"] for r in sweep}) == 2 and "eagle-head" in {r["draft"] for r in sweep}
+    assert sorted((r["draft"], r["gamma"], r["batch_size"]) for r in sweep) == sorted(
+        (d, g, b) for d in {r["draft"] for r in sweep} for g in ("4", "dynamic") for b in (1, 2, 4))
     assert [r["runtime"] for r in results["steady"]["rows"]] == ["eager", "static cache"]
     ks = {*range(9), 16, 32, 64}
     assert len(results["step_latency"]["rows"]) == 14
