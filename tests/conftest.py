@@ -28,6 +28,15 @@ def pytest_collection_modifyitems(config, items) -> None:
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def results_store(tmp_path_factory, monkeypatch) -> Path:
+    """Every test gets an empty results store of its own (``$SPECDRAFT_EVAL_STORE``, inherited by the commands it
+    runs): the user's store never leaks into a test, nor one test's runs into another's ``draft=auto``."""
+    folder = tmp_path_factory.mktemp("store")
+    monkeypatch.setenv("SPECDRAFT_EVAL_STORE", str(folder))
+    return folder
+
+
 def tiny_llama(seed: int = 0, vocab: int = 64, layers: int = 4, hidden: int = 32) -> LlamaForCausalLM:
     """A random-weight Llama small enough for thousands of generations a second."""
     torch.manual_seed(seed)

@@ -101,13 +101,13 @@ def test_lm_eval_model_resolves_auto(tmp_path, monkeypatch):
 
     tiny = save_tiny(tmp_path / "tiny")
     asked = []
-    monkeypatch.setattr(recommend, "recommend", lambda target, hardware, runtime: asked.append(
-        (target, hardware, runtime)) or Recommendation(target, None, "layers:0", 2, True, "test"))
+    monkeypatch.setattr(recommend, "recommend", lambda target, hardware, runtime, batch_size: asked.append(
+        (target, hardware, runtime, batch_size)) or Recommendation(target, None, "layers:0", 2, True, "test"))
     lm = lm_eval_model.SpecDecLM(pretrained=str(tiny), draft="auto", device="cpu", kernels="plain", static_cache=True)
     gamma = lm.session.run.gamma
     assert (lm.session.drafter.name, gamma.num_draft_tokens, gamma.dynamic) == ("layers:0", 2, True)
     # looked up by the target's name on the hardware it runs on, with the runtime it runs
-    assert asked == [(str(tiny), hardware("cpu"), Runtime("float32", "plain", True, False, "sdpa"))]
+    assert asked == [(str(tiny), hardware("cpu"), Runtime("float32", "plain", True, False, "sdpa"), 1)]
     lm = lm_eval_model.SpecDecLM(pretrained=str(tiny), draft="auto", num_draft_tokens=5, dynamic_gamma="false",
                                  device="cpu")
     assert lm.session.run.gamma == GammaPolicy(5, False)
@@ -143,3 +143,54 @@ def test_a_published_tree_draft_localises_with_its_shape(tmp_path, monkeypatch):
     assert localised(f"eagle:{head}@2x4") == f"eagle:{published.base() / head}@2x4"
     assert localised(f"suffix|eagle:{head}@2x4") == f"suffix|eagle:{published.base() / head}@2x4"
     assert localised("eagle:nowhere/head@2x4") is None
+
+
+def _published_and_own(tmp_path, monkeypatch):
+    """A published folder and this machine's store (the fixture's empty one) for the tests below."""
+    published, mine = tmp_path / "published", tmp_path / "store"
+    monkeypatch.setenv("SPECDRAFT_EVAL_STORE", str(mine))
+    return published, mine
+
+
+def test_the_users_own_result_outranks_a_published_row_from_another_machine(tmp_path, monkeypatch):
+    """Published: 3x on an H100; the user's store: 1.2x measured here. Here, the user's own result wins and the
+    reason names its source; asked for the H100, the published row does."""
+    from specdraft_eval.measure import store
+    from specdraft_eval.measure.record import read_results
+
+    published, _ = _published_and_own(tmp_path, monkeypatch)
+    elsewhere = write_result(published / "h100", "layers:0,1,2,3,4", 3.0)
+    elsewhere.write_text(elsewhere.read_text().replace(hardware("cpu"), "NVIDIA H100 80GB HBM3"))
+    mine = write_result(tmp_path / "mine", "prompt-lookup:3", 1.0)
+    store.save(read_results(mine).record, "lm_eval")
+    choice = recommend(TARGET, results=[published], hardware=hardware("cpu"))
+    assert choice.draft == "prompt-lookup:3" and "from this machine's results" in choice.reason
+    assert not choice.tune  # measured here: nothing to tune
+    assert recommend(TARGET, results=[published], hardware="NVIDIA H100 80GB HBM3").draft == "layers:0,1,2,3,4"
+    empty = tmp_path / "empty"
+    monkeypatch.setenv("SPECDRAFT_EVAL_STORE", str(empty))
+    nothing_here = recommend(TARGET, results=[published], hardware=hardware("cpu"))
+    assert nothing_here.tune and nothing_here.draft == "layers:0,1,2,3,4"  # auto:fixed takes it; auto tunes
+
+
+def test_a_published_row_from_older_code_never_outranks_one_from_todays(tmp_path, monkeypatch):
+    """Two published rows on this machine: 3x by specdraft-eval 0.0.1, 1.2x by today's: today's wins, even with the
+    older one on the hardware asked for and today's elsewhere."""
+    import json
+
+    from specdraft_eval.measure.environment import versions
+
+    published, _ = _published_and_own(tmp_path, monkeypatch)
+    older = write_result(published / "old", "layers:0,1,2,3,4", 3.0)
+    data = json.loads(older.read_text())
+    data["config"]["specdec"]["versions"]["specdraft-eval"] = "0.0.1"
+    older.write_text(json.dumps(data))
+    today = write_result(published / "new", "prompt-lookup:3", 1.0)
+    assert json.loads(today.read_text())["config"]["specdec"]["versions"]["specdraft-eval"] == versions()[
+        "specdraft-eval"]
+    choice = recommend(TARGET, results=[published], hardware=hardware("cpu"))
+    assert choice.draft == "prompt-lookup:3"
+    today.write_text(today.read_text().replace(hardware("cpu"), "NVIDIA H100 80GB HBM3"))
+    assert recommend(TARGET, results=[published], hardware=hardware("cpu")).draft == "prompt-lookup:3"
+    [old] = [c for c in recommend(TARGET, results=[published]).candidates if c.code_version == "0.0.1"]
+    assert old.score > 1.5  # faster, but older code

@@ -92,6 +92,10 @@ class DraftKind:
         """Configurations worth trying for a target of ``target_layers`` decoder layers, without files to build."""
         return ()
 
+    def found_candidates(self, written: str) -> tuple[Candidate, ...]:
+        """Configurations worth trying with a draft of this kind found on disk (``written``: its draft string)."""
+        return (Candidate(written, (4,)),)
+
     def vllm_config(self, value: Any, num_draft_tokens: int, written: str) -> dict:
         """vLLM's ``speculative_config`` for the draft, or a one-line error saying what to serve instead."""
         raise SpecdecError(f"vLLM has no counterpart of draft kind {self.name!r} ({written}): serve a draft model or "

@@ -18,6 +18,7 @@ from specdraft_eval.errors import SpecdecError
 
 SEPARATOR = "|"
 MODEL, COMPOSITE, AUTO = "model", "composite", "auto"
+AUTO_FIXED = "fixed"  # auto:fixed: look measured results up, never tune
 
 
 @dataclass(frozen=True)
@@ -42,8 +43,12 @@ class DraftSpec:
                 raise SpecdecError(f"bad composite draft {text!r}: name two or more drafts, "
                                    "e.g. draft=prompt-lookup|layers:0-4")
             return cls(COMPOSITE, None, tuple(cls.parse(part, kinds) for part in parts))
-        if text == AUTO:
-            return cls(AUTO)
+        if text == AUTO or text.startswith(AUTO + ":"):
+            mode = text.partition(":")[2] or None
+            if mode not in (None, AUTO_FIXED):
+                raise SpecdecError(f"unknown draft {text!r}: auto (measure here when nothing was) or auto:fixed (only "
+                                   "what was measured, else prompt lookup)")
+            return cls(AUTO, mode)
         for name, kind in kinds.items():  # a directory a kind recognises, named on its own (e.g. `zoo ngram`'s)
             if kind.path_marker and (Path(os.path.expanduser(text)) / kind.path_marker).is_file():
                 return cls(name, text, value=kind.parse(text))

@@ -15,6 +15,7 @@ import threading
 from collections import Counter, defaultdict
 from dataclasses import replace
 from functools import partial, reduce
+from pathlib import Path
 
 import torch
 from lm_eval.api.registry import register_model
@@ -22,12 +23,14 @@ from lm_eval.models.huggingface import HFLM
 
 from specdraft_eval.drafts import load_draft
 from specdraft_eval.drafts.model import ModelDrafter
-from specdraft_eval.drafts.spec import AUTO, DraftSpec
+from specdraft_eval.drafts.spec import AUTO, AUTO_FIXED, DraftSpec
 from specdraft_eval.engine.params import DecodeParams, row_positions, text_stop
 from specdraft_eval.engine.session import Session
 from specdraft_eval.errors import SpecdecError, one_line, raise_terminated
+from specdraft_eval.integration.autotune import IN_RUN_SHARE, RunTuner, candidate_set, contenders
 from specdraft_eval.integration.model_args import SpecdecArgs, hf_arguments
 from specdraft_eval.integration.recommend import resolve_auto
+from specdraft_eval.measure import store
 from specdraft_eval.measure.environment import ModelFacts
 from specdraft_eval.measure.profiles import default_profile_path, read_profile
 from specdraft_eval.measure.record import SpecdecRecord
@@ -97,21 +100,48 @@ class SpecDecLM(HFLM):
         target = Target(self.model, self.tokenizer, self.target_name,
                         LoadSettings.of_model(self.model, args.use_kernels))
         draft, run = args.draft, args.run()
-        if DraftSpec.parse(draft).kind == AUTO:
-            chosen = resolve_auto(target, runtime_of(self.model, args.static_cache, args.compile))
+        self._tuner: RunTuner | None = None
+        spec = DraftSpec.parse(draft)
+        if spec.kind == AUTO:
+            batch_size = self.batch_size if isinstance(self.batch_size, int) else 1
+            chosen = resolve_auto(target, runtime_of(self.model, args.static_cache, args.compile), batch_size)
+            if chosen.tune and spec.arg != AUTO_FIXED:
+                self._tuner = self._tune(target, run)
             draft, run = chosen.draft, args.run(chosen.num_draft_tokens, chosen.dynamic_gamma)
-            log.warning("draft=auto for %s: %s, γ %d, dynamic γ %s (%s)", self.target_name, draft,
-                        run.gamma.num_draft_tokens, run.gamma.dynamic, chosen.reason)
-        drafter = load_draft(draft, target)
+            if self._tuner is None:
+                log.warning("draft=auto for %s: %s, γ %d, dynamic γ %s (%s)", self.target_name, draft,
+                            run.gamma.num_draft_tokens, run.gamma.dynamic, chosen.reason)
+        drafter = self._tuner.contenders[0].drafter if self._tuner else load_draft(draft, target)
         if args.score == "draft" and (not isinstance(drafter, ModelDrafter) or drafter.reduced_head):
             raise SpecdecError(f"score=draft needs a draft that is a language model over the whole vocabulary; "
                                f"{drafter.name!r} is not (prompt lookup, n-grams, composites, EAGLE heads and "
                                "--vocab-top heads score no text on their own): give a layer view or a draft model")
-        self.session = Session(self.model, drafter, run, args.baseline)
+        self._session = Session(self.model, drafter, run, args.baseline)
+        self._largest_batch = 0
+        self._stored: Path | None = None  # this run's file in the results store
         self._merged: SpecdecRecord | None = None
         self._task = "default"  # the task generate_until is answering
         self._contexts: list[str] = []  # the texts of the batch HFLM is encoding (tok_batch_encode)
         self._request_figures: dict[str, list[dict]] = defaultdict(list)  # context -> its requests' figures
+
+    def _tune(self, target: Target, run) -> RunTuner:
+        """``draft=auto`` with nothing measured for this target, hardware and batch size: a tuner over the
+        contenders that load here (:mod:`~specdraft_eval.integration.autotune`)."""
+        found, skipped = contenders(target, candidate_set(target.model.config.num_hidden_layers))
+        for line in skipped:
+            log.info("draft=auto: not trying %s", line)
+        log.warning("draft=auto for %s: nothing measured on this machine at this batch size; tuning on the run's first "
+                    "requests (at most %d%%) among %s", self.target_name, round(IN_RUN_SHARE * 100),
+                    ", ".join(c.drafter.name for c in found))
+        return RunTuner(self.model, found, run, self.args.baseline)
+
+    @property
+    def session(self) -> Session:
+        """The session that decodes the next batch (while ``draft=auto`` tunes: the contender's)."""
+        return self._tuner.session() if self._tuner else self._session
+
+    def _sessions(self) -> list[Session]:
+        return self._tuner.all_sessions() if self._tuner else [self._session]
 
     # --- generation ------------------------------------------------------------------------------
 
@@ -129,9 +159,13 @@ class SpecDecLM(HFLM):
             else:
                 by_task[request.task_name or "default"].append(i)
         results: list[str] = [""] * len(requests)
+        if self._tuner is not None:
+            self._tuner.plan(sum(map(len, by_task.values())), self.batch_size if isinstance(self.batch_size, int)
+                             else 1)
         if self.args.static_cache and by_task:  # one cache shape for every request of the run
             capacity = max(self._positions(requests[i]) for indices in by_task.values() for i in indices)
-            self.session.run = replace(self.session.run, capacity=capacity)
+            for session in self._sessions():
+                session.run = replace(session.run, capacity=capacity)
         for task, indices in by_task.items():
             self._task = task
             outputs = super().generate_until([requests[i] for i in indices], disable_tqdm)
@@ -146,7 +180,10 @@ class SpecDecLM(HFLM):
             records = self.gather_object(self._record(), dst=0)
             self._merged = reduce(SpecdecRecord.merge, records) if self.rank == 0 else None
         if self.rank == 0 and by_task:
-            print(table(self._merged or self._record()), flush=True)
+            record = self._merged or self._record()
+            print(table(record), flush=True)
+            if self.args.baseline:  # speedups measured on this machine: draft=auto reads them first
+                self._stored = store.save(record, "lm_eval", replacing=self._stored)
         return results
 
     def _positions(self, request) -> int:
@@ -154,7 +191,7 @@ class SpecDecLM(HFLM):
         context, gen_kwargs = request.args[0], request.args[1]
         budget = int(gen_kwargs.get("max_gen_toks", self.max_gen_toks))
         prompt = min(len(self.tok_encode(context)), self.max_length - budget)
-        return row_positions(prompt, budget, self.session.run.gamma.largest)
+        return row_positions(prompt, budget, max(s.run.gamma.largest for s in self._sessions()))
 
     def _model_generate(self, context, max_length: int, stop: list[str], **generation_kwargs) -> torch.Tensor:
         attention_mask = generation_kwargs.pop("attention_mask", None)
@@ -169,8 +206,11 @@ class SpecDecLM(HFLM):
                               float(generation_kwargs.get("top_p", 1.0) or 1.0), self.args.seed)
         prompts = [(context[row] if attention_mask is None else context[row][attention_mask[row].bool()]).tolist()
                    for row in range(context.shape[0])]
+        self._largest_batch = max(self._largest_batch, len(prompts))
         batch = self.session.generate(prompts, params, lambda: [text_stop(self.tokenizer, stop) for _ in prompts],
                                       self._task)
+        if self._tuner is not None:
+            self._tuner.done(batch, len(prompts))
         ranks_agree(self.model, batch.outputs, f"a {self._task} request")
         for where in batch.divergences:
             log.error("specdec output differs from plain greedy decoding on a %s request: %s", self._task, where)
@@ -193,7 +233,7 @@ class SpecDecLM(HFLM):
         draft's own model's, over the target's vocabulary."""
         if self.args.score == "target":
             return super()._model_call(inps, attn_mask, labels)
-        drafter = self.session.drafter
+        drafter = self._session.drafter
         with torch.no_grad():
             return drafter.model(inps).logits[..., : drafter.vocab_size]
 
@@ -212,15 +252,20 @@ class SpecDecLM(HFLM):
     # --- reporting -------------------------------------------------------------------------------
 
     def _record(self) -> SpecdecRecord:
-        """This process's record."""
-        session, args, name = self.session, self.args, self.session.drafter.name
+        """This process's record (after ``draft=auto`` tuned: the chosen configuration's, the trials beside it)."""
+        if self._tuner is not None:
+            self._tuner.finish()
+        session, args = self.session, self.args
+        name = session.drafter.name
         profile = read_profile(default_profile_path(self.target_name, str(self.device),
                                                     kernel_paths.kernels_of(self.model)), named=False)
         return SpecdecRecord.new(
             self.target_name, name, session.run.gamma.num_draft_tokens, session.run.gamma.dynamic, self.device,
             dict(session.stats), session.drafter.model, profile.latencies(name) if profile else None,
-            session.divergences, runtime=runtime_of(self.model, args.static_cache, args.compile),
-            use_kernels=args.use_kernels, score=args.score)
+            [d for s in self._sessions() for d in s.divergences],
+            runtime=runtime_of(self.model, args.static_cache, args.compile), use_kernels=args.use_kernels,
+            score=args.score, batch_size=max(self._largest_batch, 1),
+            tuning=self._tuner.trials if self._tuner else None)
 
     def specdec_info(self) -> dict:
         """The ``specdec`` block for the results file (on rank 0 of a data-parallel run: every rank's, merged)."""

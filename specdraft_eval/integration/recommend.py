@@ -1,13 +1,16 @@
 """``draft=auto``: the draft that measured fastest for a target, from results files (the one record).
 
-Candidates are the configurations (:class:`~specdraft_eval.measure.record.RunKey`) with baseline timing in the
-results files for the target whose drafts load here (built-in kinds, or directories and files that exist). The
-score is the measured speedup on the task asked for, else the geometric mean over the tasks measured;
-configurations measured on the hardware ``auto`` runs on come first (a speedup on one machine says little about
-another's), then those measured with the runtime it runs (dtype, kernels, attention, static cache, compiled
-steps), and the reason says when the winner was measured elsewhere or otherwise. Without a
-configuration that beats plain decoding the answer is prompt lookup with dynamic γ: it needs no weights,
-and dynamic γ falls back to autoregressive steps where lookup finds nothing.
+Candidates are the configurations (:class:`~specdraft_eval.measure.record.RunKey`) with baseline timing for the
+target whose drafts load here (built-in kinds, or directories and files that exist), from this machine's results
+store (:mod:`specdraft_eval.measure.store`: the user's own ``lm_eval`` runs, ``zoo tune`` and ``zoo bench``) and the
+published results. The score is the measured speedup on the task asked for, else the geometric mean over the tasks
+measured. The order: the user's own results measured on this hardware first; then configurations measured by
+today's specdraft-eval before older code's; then those measured on the hardware ``auto`` runs on (a speedup on one
+machine says little about another's), with the runtime it runs (dtype, kernels, attention, static cache, compiled
+steps) and at its batch size; then the score. The reason says which source the winner came from and when it was
+measured elsewhere or otherwise. Without a configuration that beats plain decoding the answer is prompt lookup
+with dynamic γ, and :attr:`Recommendation.tune` says whether nothing was measured for this target, hardware and
+batch size (``draft=auto`` then tunes inside the run: :mod:`specdraft_eval.integration.autotune`).
 """
 
 from __future__ import annotations
@@ -17,11 +20,14 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from packaging.version import InvalidVersion, Version
+
 from specdraft_eval import published
 from specdraft_eval.drafts.spec import AUTO, DraftSpec, draft_kinds
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.files import RecordWarning
-from specdraft_eval.measure.environment import hardware
+from specdraft_eval.measure import store
+from specdraft_eval.measure.environment import hardware, versions
 from specdraft_eval.measure.record import Configuration, RunKey, Runtime, configurations, scan_results
 from specdraft_eval.models.targets import ALIASES, Target, runtime_of
 
@@ -39,7 +45,13 @@ class ScoredConfiguration:
     tar: dict[str, float]
     files: list[str]
     loadable: bool
+    own: bool = False  # measured by this machine's user (from the results store)
+    code_version: str | None = None  # the newest specdraft-eval that measured it
     score: float | None = None
+
+    @property
+    def source(self) -> str:
+        return "this machine's results" if self.own else "published"
 
 
 @dataclass
@@ -54,10 +66,12 @@ class Recommendation:
     reason: str
     runtime: Runtime | None = None  # the measured runtime of the choice (None: the fallback, measured nowhere)
     candidates: list[ScoredConfiguration] = field(default_factory=list)
+    tune: bool = False  # nothing was measured for this target, hardware and batch size: auto tunes in the run
 
     def table_rows(self) -> list[dict]:
         """The candidates as the text table shows them."""
         return [{"draft": c.key.draft, "γ": c.key.num_draft_tokens, "dynamic γ": c.key.dynamic_gamma,
+                 "source": c.source, "code": c.code_version, "batch": c.key.batch_size,
                  "hardware": c.key.hardware, "runtime": str(c.key.runtime),
                  "speedup by task": ", ".join(f"{t} {v:.2f}x" for t, v in sorted(c.speedup.items())),
                  "score": c.score, "loads here": c.loadable} for c in self.candidates]
@@ -82,19 +96,30 @@ def localised(draft: str) -> str | None:
     return DraftSpec.composite(parts).name
 
 
-def _candidate(config: Configuration) -> ScoredConfiguration:
+def _version(text: str | None) -> Version:
+    try:
+        return Version(text or "0")
+    except InvalidVersion:
+        return Version("0")
+
+
+def _candidate(config: Configuration, own: set[Path]) -> ScoredConfiguration:
     tasks = [t for t in sorted(config.per_task) if config.speedup(t)]
+    newest = max((f.record.code_version for f in config.files), key=_version, default=None)
     return ScoredConfiguration(config.key, {t: config.speedup(t) for t in tasks},
                                {t: config.speedup_spread(t) for t in tasks}, {t: config.per_task[t].tar for t in tasks},
-                               [str(f.path) for f in config.files], localised(config.key.draft) is not None)
+                               [str(f.path) for f in config.files], localised(config.key.draft) is not None,
+                               any(f.path in own for f in config.files), newest)
 
 
-def candidates(target: str, results: list[Path]) -> list[ScoredConfiguration]:
-    """Per configuration measured for ``target`` with baseline timing, across every results file."""
+def candidates(target: str, results: list[Path], own: list[Path] = ()) -> list[ScoredConfiguration]:
+    """Per configuration measured for ``target`` with baseline timing, across every results file (``own``: the
+    user's, from this machine's store)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RecordWarning)  # zoo leaderboard reports unusable files; here they are skipped
-        found = scan_results([p for p in results if Path(p).exists()])
-    return [c for c in map(_candidate, configurations(found, target)) if c.speedup]
+        found = scan_results([p for p in [*own, *results] if Path(p).exists()])
+    mine = {Path(p) for p in own}
+    return [c for c in (_candidate(config, mine) for config in configurations(found, target)) if c.speedup]
 
 
 def _score(candidate: ScoredConfiguration, task: str | None) -> float | None:
@@ -105,42 +130,55 @@ def _score(candidate: ScoredConfiguration, task: str | None) -> float | None:
 
 
 def recommend(target: str, task: str | None = None, results: list[Path] | None = None,
-              hardware: str | None = None, runtime: Runtime | None = None) -> Recommendation:
-    """The fastest measured configuration for ``target`` that loads here, those measured on ``hardware`` (this
-    machine's name, :func:`specdraft_eval.measure.environment.hardware`) first, then those measured with
-    ``runtime`` (see the module docstring). ``results`` default: the published results
+              hardware: str | None = None, runtime: Runtime | None = None, batch_size: int = 1,
+              own: list[Path] | None = None) -> Recommendation:
+    """The fastest measured configuration for ``target`` that loads here, in the order the module docstring gives:
+    ``own`` results (default: this machine's store, :func:`specdraft_eval.measure.store.paths`) measured on
+    ``hardware`` (this machine's name, :func:`specdraft_eval.measure.environment.hardware`), today's code, then
+    ``hardware``, ``runtime`` and ``batch_size``. ``results`` default: the published results
     (:mod:`specdraft_eval.published`)."""
-    scored = candidates(target, results if results is not None else [published.results()])
+    own = store.paths(target) if own is None else own
+    scored = candidates(target, results if results is not None else [published.results()], own)
+    today = _version(versions().get("specdraft-eval"))
     for candidate in scored:
         candidate.score = _score(candidate, task)
-    scored.sort(key=lambda c: (hardware is not None and c.key.hardware != hardware,
-                               runtime is not None and c.key.runtime != runtime, -(c.score or 0)))
+    scored.sort(key=lambda c: (not (c.own and c.key.hardware == hardware), _version(c.code_version) < today,
+                               hardware is not None and c.key.hardware != hardware,
+                               runtime is not None and c.key.runtime != runtime, c.key.batch_size != batch_size,
+                               -(c.score or 0)))
+    here = [c for c in scored if c.loadable and c.key.hardware == hardware and c.key.batch_size == batch_size]
+    tune = hardware is not None and not here
     best = next((c for c in scored if c.loadable and c.score and c.score > 1.0), None)
     where = f"on {task}" if task else "geometric mean over the tasks measured"
     if best is None:
         reason = (f"no measured configuration for {target} that loads here beats plain decoding ({where}); "
                   "prompt lookup needs no weights and dynamic γ backs off where it does not pay")
-        return Recommendation(target, task, FALLBACK_DRAFT, FALLBACK_GAMMA, True, reason, None, scored)
+        return Recommendation(target, task, FALLBACK_DRAFT, FALLBACK_GAMMA, True, reason, None, scored, tune)
     key = best.key
     elsewhere = hardware is not None and key.hardware != hardware
     otherwise = runtime is not None and key.runtime != runtime
-    reason = (f"fastest measured: {best.score:.2f}x plain decoding ({where}) on {key.hardware}"
+    older = _version(best.code_version) < today
+    reason = (f"fastest measured: {best.score:.2f}x plain decoding ({where}) on {key.hardware}, from {best.source}"
               + (f", not this machine ({hardware}): no measurement from here" if elsewhere else "")
               + f", runtime {key.runtime}"
               + (f", not the one asked for ({runtime}): none measured with it" if otherwise else "")
+              + (f", batch size {key.batch_size}, not {batch_size}" if key.batch_size != batch_size else "")
+              + (f", by specdraft-eval {best.code_version} (older than this one)" if older else "")
               + f", from {len(best.files)} results file(s)")
     return Recommendation(target, task, localised(key.draft), key.num_draft_tokens, key.dynamic_gamma,
-                          reason, key.runtime, scored)
+                          reason, key.runtime, scored, tune)
 
 
-def resolve_auto(target: Target, runtime: Runtime | None = None) -> Recommendation:
-    """What ``draft=auto`` means for ``target``: the recommendation for its name on the hardware it runs on and
-    with the ``runtime`` it runs (default: eager, its loaded dtype, kernels and attention). The one rule:
-    ``lm_eval --model specdec`` applies its γ and dynamic γ as well, ``zoo`` commands its draft."""
+def resolve_auto(target: Target, runtime: Runtime | None = None, batch_size: int = 1) -> Recommendation:
+    """What ``draft=auto`` means for ``target``: the recommendation for its name on the hardware it runs on, with
+    the ``runtime`` it runs (default: eager, its loaded dtype, kernels and attention) at ``batch_size``. The one rule:
+    ``lm_eval --model specdec`` applies its γ and dynamic γ as well (and tunes when :attr:`Recommendation.tune`),
+    ``zoo`` commands its draft."""
     if target.name is None:
         raise SpecdecError("draft=auto needs a target loaded by name (load_target(NAME)): its name picks the "
                            "measured results; load it so, or name a draft")
-    return recommend(target.name, hardware=hardware(target.model.device), runtime=runtime or runtime_of(target.model))
+    return recommend(target.name, hardware=hardware(target.model.device), runtime=runtime or runtime_of(target.model),
+                     batch_size=batch_size)
 
 
 def resolve_draft(draft: str, target: Target) -> str:

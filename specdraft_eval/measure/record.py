@@ -28,7 +28,7 @@ from specdraft_eval.measure.analytical import Latencies, predicted_from_latencie
 from specdraft_eval.measure.environment import ModelFacts, hardware, versions
 from specdraft_eval.measure.stats import Divergence, GenerationStats
 
-__all__ = ["SCHEMA_VERSION", "MAX_MISMATCH_DETAILS", "RecordError", "RecordWarning", "Runtime", "RunKey",
+__all__ = ["SCHEMA_VERSION", "MAX_MISMATCH_DETAILS", "RecordError", "RecordWarning", "Runtime", "RunKey", "Trial",
            "SpecdecRecord", "ResultsFile", "read_results", "scan_results", "sample_figures", "Configuration",
            "configurations"]
 
@@ -69,8 +69,8 @@ class Runtime:
 @dataclass(frozen=True)
 class RunKey:
     """What must agree for two runs' figures to merge (records, the leaderboard's rows, ``draft=auto``'s
-    candidates): the target, the hardware, the draft (its tree shape is part of its name), γ, dynamic γ and
-    the :class:`Runtime`."""
+    candidates): the target, the hardware, the draft (its tree shape is part of its name), γ, dynamic γ, the
+    :class:`Runtime` and the batch size (the most requests decoded together)."""
 
     target: str
     hardware: str
@@ -78,6 +78,33 @@ class RunKey:
     num_draft_tokens: int
     dynamic_gamma: bool
     runtime: Runtime = Runtime()
+    batch_size: int = 1
+
+
+@dataclass
+class Trial:
+    """One configuration tried while ``draft=auto`` tuned inside a run: its counters over the requests it decoded
+    (with the baseline's when the run had one) and whether it was chosen."""
+
+    draft: str
+    num_draft_tokens: int
+    dynamic_gamma: bool
+    stats: GenerationStats
+    requests: int = 0
+    rounds: int = 0  # successive-halving rounds it took part in
+    chosen: bool = False
+
+    def to_json(self) -> dict:
+        s = self.stats
+        return {"draft": self.draft, "num_draft_tokens": self.num_draft_tokens, "dynamic_gamma": self.dynamic_gamma,
+                "requests": self.requests, "rounds": self.rounds, "chosen": self.chosen, "tar": s.tar,
+                "tokens_per_second": s.tokens_per_second, "speedup": s.speedup, "counters": s.as_dict()}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Trial:
+        return cls(data["draft"], int(data["num_draft_tokens"]), bool(data["dynamic_gamma"]),
+                   _task_counters(data), int(data.get("requests", 0)), int(data.get("rounds", 0)),
+                   bool(data.get("chosen", False)))
 
 
 # --- the specdec record ------------------------------------------------------------------------------------
@@ -108,6 +135,9 @@ class SpecdecRecord:
     use_kernels: bool = False  # whether transformers' hub kernels were asked for
     score: str = "target"  # which model scored the log-likelihood tasks (score=draft: the draft)
     schema_version: int = SCHEMA_VERSION  # of the block it was read from
+    batch_size: int = 1  # the most requests decoded together
+    tuning: list[Trial] = field(default_factory=list)  # draft=auto tuned inside the run: the configurations tried
+    # on its first requests (their counters are here, not in per_task, which holds the chosen one's requests)
 
     @property
     def current(self) -> bool:
@@ -118,13 +148,14 @@ class SpecdecRecord:
     def new(cls, target: str, draft: str, num_draft_tokens: int, dynamic_gamma: bool, device,
             per_task: dict[str, GenerationStats], draft_model=None,
             latencies: Latencies | None = None, baseline_mismatch_details: list[Divergence] | None = None, *,
-            runtime: Runtime = Runtime(), use_kernels: bool = False, score: str = "target") -> SpecdecRecord:
+            runtime: Runtime = Runtime(), use_kernels: bool = False, score: str = "target", batch_size: int = 1,
+            tuning: list[Trial] | None = None) -> SpecdecRecord:
         """A record of a run on ``device`` now (hardware name and package versions filled in)."""
         facts = ModelFacts.of(draft_model)
         return cls(target, draft, num_draft_tokens, dynamic_gamma, hardware(device), versions(),
                    facts.parameters_m, facts.layers, dict(per_task), latencies,
                    list(baseline_mismatch_details or [])[:MAX_MISMATCH_DETAILS], runtime=runtime,
-                   use_kernels=use_kernels, score=score)
+                   use_kernels=use_kernels, score=score, batch_size=batch_size, tuning=list(tuning or []))
 
     @property
     def total(self) -> GenerationStats:
@@ -136,7 +167,18 @@ class SpecdecRecord:
 
     def key(self) -> RunKey:
         """What must agree for two records to merge."""
-        return RunKey(self.target, self.hardware, self.draft, self.num_draft_tokens, self.dynamic_gamma, self.runtime)
+        return RunKey(self.target, self.hardware, self.draft, self.num_draft_tokens, self.dynamic_gamma, self.runtime,
+                      self.batch_size)
+
+    @property
+    def code_version(self) -> str | None:
+        """The specdraft-eval version that measured it."""
+        return self.versions.get("specdraft-eval")
+
+    @property
+    def with_tuning(self) -> GenerationStats:
+        """The whole run's counters: the chosen configuration's and every tuning trial's."""
+        return sum((t.stats for t in self.tuning), self.total)
 
     def merge(self, other: SpecdecRecord) -> SpecdecRecord:
         """The record of both runs (or of two data-parallel ranks of one run): counters summed per task, times
@@ -149,7 +191,7 @@ class SpecdecRecord:
                     for t in tasks}
         details = (self.baseline_mismatch_details + other.baseline_mismatch_details)[:MAX_MISMATCH_DETAILS]
         return replace(self, per_task=per_task, baseline_mismatch_details=details,
-                       processes=self.processes + other.processes)
+                       processes=self.processes + other.processes, tuning=self.tuning + other.tuning)
 
     def predicted(self, stats: GenerationStats) -> float | None:
         """Tokens/s the analytical model predicts for ``stats``' counts from the separately measured latencies."""
@@ -177,6 +219,7 @@ class SpecdecRecord:
             "generations": total.generations,
             "processes": self.processes,
             "tensor_parallel": self.runtime.tensor_parallel,
+            "batch_size": self.batch_size,
             **total.summary(),
             "predicted_tokens_per_second": predicted(total),
             "latencies": self.latencies.to_json() if self.latencies else None,
@@ -187,6 +230,10 @@ class SpecdecRecord:
                                 **s.summary(),
                                 "predicted_tokens_per_second": predicted(s), "counters": s.as_dict()}
                          for task, s in sorted(self.per_task.items())},
+            **({"tuning": {"requests": sum(t.requests for t in self.tuning),
+                           "speedup_with_tuning": self.with_tuning.speedup,
+                           "tokens_per_second_with_tuning": self.with_tuning.tokens_per_second,
+                           "trials": [t.to_json() for t in self.tuning]}} if self.tuning else {}),
         }
 
     @classmethod
@@ -210,7 +257,8 @@ class SpecdecRecord:
                        block.get("draft_layers") or 0, per_task,
                        Latencies.from_json(block["latencies"]) if block.get("latencies") else None, details,
                        int(block.get("processes", 1)), runtime, bool(block.get("use_kernels", False)),
-                       ran.get("score") or "target", int(block["schema_version"]))
+                       ran.get("score") or "target", int(block["schema_version"]), int(block.get("batch_size", 1)),
+                       [Trial.from_json(t) for t in (block.get("tuning") or {}).get("trials", [])])
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise RecordError(f"{path}: malformed specdec record ({type(exc).__name__}: {exc}); "
                               "regenerate or remove it") from None

@@ -33,7 +33,7 @@ from specdraft_eval.drafts.eagle.module import (
     new_head,
 )
 from specdraft_eval.drafts.eagle.servers import TOKEN_MAP, server_differences
-from specdraft_eval.drafts.kind import SERVER_NAMES, DraftKind, DraftShape
+from specdraft_eval.drafts.kind import SERVER_NAMES, Candidate, DraftKind, DraftShape
 from specdraft_eval.engine.drafter import static_tree
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.models.targets import Target
@@ -74,6 +74,11 @@ class EagleKind(DraftKind):
 
     def tree_depth(self, value: HeadArg) -> int | None:
         return value.tree.depth if value.tree else None
+
+    def found_candidates(self, written: str) -> tuple[Candidate, ...]:
+        """The head's EAGLE-2 tree (top-2, 4 deep, 6 nodes: the board's best shape here) and its chain."""
+        head = written if written.startswith(f"{self.name}:") else f"{self.name}:{written}"
+        return (Candidate(f"{head}@2x4", (6,)), Candidate(head, (4,)))
 
     def shape(self, value: HeadArg, target) -> DraftShape:
         """One of the target's decoder layers, ``fc`` (2 or 3 target widths in), its output head (the head's

@@ -1,0 +1,80 @@
+"""``draft=auto`` that measures here: successive halving, tuning inside a run, the results store it reads first."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import save_tiny
+from lm_eval.api.instance import Instance
+
+from specdraft_eval.drafts.kind import Candidate
+from specdraft_eval.integration.autotune import Contender, Halving, halving_cost, most_contenders
+from specdraft_eval.measure import store
+from specdraft_eval.measure.stats import GenerationStats
+
+
+def test_halving_costs_and_budgets():
+    """Every survivor one batch, then the better half two each, ...: 4 contenders take 4 + 2x2 batches."""
+    assert [halving_cost(n) for n in (1, 2, 3, 4, 8)] == [0, 2, 7, 8, 24]
+    assert [most_contenders(b) for b in (0, 2, 7, 8, 10, 24)] == [1, 2, 3, 4, 4, 8]
+
+
+def _contender(name: str, seconds: float) -> Contender:
+    return Contender(Candidate(name, (4,)), drafter=None,
+                     stats=GenerationStats(generated_tokens=10, decode_seconds=seconds, baseline_tokens=10,
+                                           baseline_seconds=1.0), requests=1)
+
+
+def test_halving_keeps_the_faster_half_until_one_is_left():
+    contenders = [_contender(name, s) for name, s in (("a", 1.0), ("b", 0.5), ("c", 0.8), ("d", 2.0))]
+    halving = Halving(contenders)
+    rounds = [[c.candidate.draft for c in alive] for alive in halving.rounds()]
+    assert rounds == [["a", "b", "c", "d"], ["b", "c"]]  # speedups 1, 2, 1.25, 0.5: b and c go on, then b wins
+    assert halving.winner.candidate.draft == "b" and [c.rounds for c in contenders] == [1, 2, 2, 1]
+
+
+CONTEXTS = [" ".join(f"w{(i + j) % 7 + 2}" for j in range(12 + i % 5)) for i in range(16)]  # repetitive: lookup pays
+
+
+def _requests(contexts=CONTEXTS) -> list[Instance]:
+    requests = [Instance("generate_until", {}, (c, {"until": ["w63"], "max_gen_toks": 16}), i, ("t", i, 0))
+                for i, c in enumerate(contexts)]
+    for request in requests:
+        request.task_name = "t"
+    return requests
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return save_tiny(tmp_path_factory.mktemp("tiny") / "tiny-target")
+
+
+def test_auto_tunes_inside_the_run_then_reads_its_own_result(tiny):
+    """A target nothing was measured for: the run's first requests (at most a quarter) try the contenders, the rest
+    go to the winner; outputs equal a named draft's (lossless whatever is tried); the record states the trials; the
+    result lands in the store, and the next ``auto`` run reads it instead of tuning."""
+    from specdraft_eval.integration.lm_eval_model import SpecDecLM
+
+    lm = SpecDecLM(pretrained=str(tiny), draft="auto", device="cpu", kernels="plain", baseline="true")
+    assert lm._tuner is not None and len(lm._tuner.contenders) >= 3
+    outputs = lm.generate_until(_requests(), disable_tqdm=True)
+    block = lm.specdec_info()
+    tuning = block["tuning"]
+    assert 2 <= len(tuning["trials"]) <= 4 and tuning["requests"] <= len(CONTEXTS) // 4
+    [chosen] = [t for t in tuning["trials"] if t["chosen"]]
+    assert block["draft"] == chosen["draft"] and block["dynamic_gamma"] is True
+    assert block["generations"] == len(CONTEXTS) - tuning["requests"]  # the chosen one's own requests
+    assert block["baseline_mismatches"] == 0 and tuning["speedup_with_tuning"] > 0
+    plain = SpecDecLM(pretrained=str(tiny), draft="layers:0", device="cpu", kernels="plain")
+    assert outputs == plain.generate_until(_requests(), disable_tqdm=True)
+    [stored] = store.entries()
+    assert stored.origin == "lm_eval" and stored.record.draft == block["draft"] and stored.record.tuning
+    again = SpecDecLM(pretrained=str(tiny), draft="auto", device="cpu", kernels="plain")
+    paid = block["speedup"] > 1  # a random tiny model: the winner may still not beat plain decoding
+    assert again._tuner is None and again.session.drafter.name == (block["draft"] if paid else "prompt-lookup:3")
+
+
+def test_auto_fixed_never_tunes(tiny):
+    from specdraft_eval.integration.lm_eval_model import SpecDecLM
+
+    lm = SpecDecLM(pretrained=str(tiny), draft="auto:fixed", device="cpu", kernels="plain")
+    assert lm._tuner is None and lm.session.drafter.name == "prompt-lookup:3" and lm.session.run.gamma.dynamic
