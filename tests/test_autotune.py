@@ -78,3 +78,79 @@ def test_auto_fixed_never_tunes(tiny):
 
     lm = SpecDecLM(pretrained=str(tiny), draft="auto:fixed", device="cpu", kernels="plain")
     assert lm._tuner is None and lm.session.drafter.name == "prompt-lookup:3" and lm.session.run.gamma.dynamic
+
+
+def test_zoo_tune_measures_halves_stores_and_auto_reads_it(tiny, tmp_path):
+    """``zoo tune`` on a target nothing was measured for: every contender that loads, halving on held-in prompts
+    (the same prompts for every survivor of a round, outputs checked against plain decoding), the winners stored,
+    the exhaustive evaluation beside; ``zoo results`` lists them; then ``draft=auto`` reads them instead of tuning."""
+    import json
+
+    from conftest import run_cli
+
+    from specdraft_eval.integration.recommend import recommend
+    from specdraft_eval.measure.environment import hardware
+
+    done = run_cli("zoo", "tune", "--target", str(tiny), "--budget", "5", "--first-prompts", "1", "--evaluate", "3",
+                   "--kernels", "plain", "--plot", str(tmp_path / "tune.png"), "--json")
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    rows = result["rows"]
+    assert len(rows) >= 3 and sum(r["chosen"] for r in rows) == 1 and rows[0]["chosen"]
+    assert max(r["rounds"] for r in rows) >= 2 and all(r["evaluated_speedup"] for r in rows)
+    assert any("leaderboard/drafts" in line for line in result["skipped"])  # shipped drafts of another target
+    assert (tmp_path / "tune.png").stat().st_size > 1000
+    listed = json.loads(run_cli("zoo", "results", "--json").stdout)["results"]
+    assert {r["origin"] for r in listed} == {"zoo tune"} and len(listed) == len(result["stored"])
+    assert result["chosen"]["draft"] in {r["draft"] for r in listed}
+    choice = recommend(str(tiny), hardware=hardware("cpu"))
+    assert not choice.tune and all(c.own for c in choice.candidates)
+    pruned = run_cli("zoo", "results", "--prune", "--target", str(tiny), "--json")
+    assert pruned.returncode == 0 and len(json.loads(pruned.stdout)["removed"]) == len(listed)
+    assert recommend(str(tiny), hardware=hardware("cpu")).tune
+
+
+def test_zoo_tune_and_results_refuse_bad_input_in_one_line(tiny):
+    from conftest import run_cli
+
+    for args in (["tune", "--target", str(tiny), "--task", "nope"], ["tune", "--target", str(tiny), "--budget", "0"],
+                 ["results", "--stale"], ["results", "--prune"]):
+        done = run_cli("zoo", *args)
+        assert done.returncode == 1 and "Traceback" not in done.stderr, args
+        assert done.stderr.strip().splitlines()[-1].startswith("zoo: error:"), args
+
+
+def test_task_stops_are_the_task_yamls_until():
+    """zoo tune stops where lm_eval does: the bundled tasks' own ``until`` lists."""
+    import yaml
+    from conftest import ROOT
+
+    from specdraft_eval.integration.offline_data import TASK_STOPS
+
+    class Loader(yaml.SafeLoader):  # the YAMLs' `!function` tags name lm-eval's hooks; their values are not read here
+        pass
+
+    Loader.add_constructor("!function", lambda loader, node: None)
+    for task, stops in TASK_STOPS.items():
+        config = yaml.load((ROOT / "tasks" / f"{task}.yaml").read_text(), Loader=Loader)  # noqa: S506
+        assert config["generation_kwargs"]["until"] == stops
+
+
+def test_zoo_tune_finds_catalog_drafts_in_the_hf_cache(tmp_path, monkeypatch):
+    """A catalog draft of the target's family in the Hugging Face cache (its layout: models--ORG--NAME/refs/main and
+    snapshots/REV/) becomes a contender by hub id; the target itself and drafts not downloaded do not."""
+    import huggingface_hub.constants as hub
+
+    from zoo.tune import cached_catalog_drafts
+
+    monkeypatch.setattr(hub, "HF_HUB_CACHE", str(tmp_path))
+    for repo in ("HuggingFaceTB/SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-360M-Instruct"):
+        folder = tmp_path / f"models--{repo.replace('/', '--')}"
+        (folder / "refs").mkdir(parents=True)
+        (folder / "refs" / "main").write_text("abc123")
+        (folder / "snapshots" / "abc123").mkdir(parents=True)
+        (folder / "snapshots" / "abc123" / "config.json").write_text("{}")
+    assert cached_catalog_drafts("smollm2-135m-instruct") == ["HuggingFaceTB/SmolLM2-360M-Instruct"]
+    assert cached_catalog_drafts("/some/unknown-model") == []
+    (tmp_path / "models--HuggingFaceTB--SmolLM2-360M-Instruct" / "snapshots" / "abc123" / "config.json").unlink()
+    assert cached_catalog_drafts("smollm2-135m-instruct") == []

@@ -194,3 +194,21 @@ def test_a_published_row_from_older_code_never_outranks_one_from_todays(tmp_path
     assert recommend(TARGET, results=[published], hardware=hardware("cpu")).draft == "prompt-lookup:3"
     [old] = [c for c in recommend(TARGET, results=[published]).candidates if c.code_version == "0.0.1"]
     assert old.score > 1.5  # faster, but older code
+
+
+def test_zoo_rank_takes_tar_from_this_machines_results_first(tmp_path, monkeypatch):
+    """Published TAR 2.2 for prompt-lookup:3 at γ 3; the user's store: TAR 1.6 measured here. zoo rank's TAR is
+    the user's, and its source says so; without a store entry, the published one."""
+    from specdraft_eval.measure import store
+    from specdraft_eval.measure.record import read_results, scan_results
+    from zoo.rank import tar_from_results
+
+    published, _ = _published_and_own(tmp_path, monkeypatch)
+    write_result(published, "prompt-lookup:3", 1.0, accepted=12)
+    mine = store.save(read_results(write_result(tmp_path / "mine", "prompt-lookup:3", 1.0, accepted=6)).record,
+                      "lm_eval")
+    files = scan_results([mine, published])
+    tar, source = tar_from_results(files, TARGET, "specdec_humaneval", "prompt-lookup:3", frozenset([mine]))
+    assert tar[3] == pytest.approx(1.6) and source[3].startswith("this machine's results γ=3")
+    tar, source = tar_from_results(files, TARGET, "specdec_humaneval", "prompt-lookup:3")
+    assert tar[3] == pytest.approx(1.9) and source[3].startswith("results γ=3")  # both merged: (12 + 6) / 20 + 1

@@ -221,21 +221,102 @@ def recommend(
     target: TargetOpt = DEFAULT_TARGET,
     task: ScoreTaskOpt = None,
     results: ResultsOpt = None,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="The run's batch size (lm_eval "
+                                            "--batch_size).")] = 1,
     as_json: JsonOpt = False,
 ) -> None:
-    """Say what draft=auto resolves to for a target, and why (measured speedups from results files)."""
+    """Say what draft=auto resolves to for a target, and why (this machine's results store first, then the
+    published results; measured speedups)."""
     from dataclasses import asdict
 
     from specdraft_eval.integration.recommend import recommend as choose
     from specdraft_eval.measure.environment import default_device, hardware
 
-    choice = choose(target, task, existing(results), hardware(default_device()))
+    choice = choose(target, task, existing(results), hardware(default_device()), batch_size=batch_size)
     if as_json:
         return emit(asdict(choice), True)
     typer.echo(f"draft=auto for {target}: draft={choice.draft}, num_draft_tokens={choice.num_draft_tokens}, "
-               f"dynamic_gamma={str(choice.dynamic_gamma).lower()}\n  {choice.reason}")
+               f"dynamic_gamma={str(choice.dynamic_gamma).lower()}\n  {choice.reason}"
+               + (f"\n  nothing measured on this machine at batch {batch_size}: draft=auto tunes on the run's first "
+                  "requests (draft=auto:fixed takes the line above); `zoo tune` measures ahead" if choice.tune else ""))
     if choice.candidates:
         emit(choice.table_rows(), False, floatfmt=".2f")
+
+
+@app.command()
+@cli_errors
+def tune(
+    target: TargetOpt = DEFAULT_TARGET,
+    task: Annotated[str, typer.Option(help=TaskText + " Tuning reads its held-in documents.")] = DEFAULT_TASK,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Requests decoded together (as lm_eval "
+                                            "--batch_size).")] = 1,
+    budget: Annotated[float, typer.Option("--budget", help="Minutes for the successive halving (a round that "
+                                          "would not fit is not started).")] = 15.0,
+    drafts: DraftsOpt = None,
+    first_prompts: Annotated[int, typer.Option(help="Held-in prompts per contender in the first round (x batch "
+                                               "size); twice as many each round after.")] = 2,
+    evaluate: Annotated[int, typer.Option(help="Then measure every contender on the task's first N documents (the "
+                                          "leaderboard's): the exhaustive check of the choice.")] = 0,
+    plot: Annotated[Optional[Path], typer.Option(help="Bar chart of each contender's speedup.")] = Path("tune.png"),
+    kernels: KernelsOpt = "onednn",
+    device: DeviceOpt = None, dtype: DtypeOpt = "auto", use_kernels: UseKernelsOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Measure the drafts that load for a target here (every kind's, the shipped ones, --drafts, composites) on a
+    task's held-in prompts by successive halving, and store the winners in this machine's results, where
+    draft=auto reads them first."""
+    from zoo.tune import tune as run_tune
+
+    with progress("tuning" + (", then evaluating every contender" if evaluate else "")) as tick:
+        result = run_tune(target, task, load_settings(device, dtype, use_kernels, kernels), batch_size, budget,
+                          drafts, first_prompts, evaluate, plot, tick)
+    if as_json:
+        return emit(result.to_json(), True)
+    typer.echo(f"target {target} on {result.hardware}, {task}, batch {batch_size}: {result.seconds / 60:.1f} min"
+               + (f" (evaluation on the first {evaluate} documents: {result.evaluation_seconds / 60:.1f} min)"
+                  if evaluate else ""))
+    emit([{"draft": r.draft, "γ from": r.num_draft_tokens, "rounds": r.rounds, "prompts": r.prompts, "TAR": r.tar,
+           "speedup": r.speedup, **({"eval speedup": r.evaluated_speedup} if evaluate else {}),
+           "chosen": "*" if r.chosen else ""} for r in result.rows], False, floatfmt=".2f")
+    chosen = result.chosen
+    typer.echo(f"chosen: draft={chosen.draft} with dynamic γ ({chosen.speedup or 0:.2f}x on held-in prompts); "
+               f"stored for draft=auto: {len(result.stored)} file(s) under {Path(result.stored[0]).parent}"
+               + (f"; plot {result.plot}" if result.plot else ""))
+    for line in result.skipped:
+        typer.echo(f"not tried: {line}", err=True)
+
+
+@app.command()
+@cli_errors
+def results(
+    target: Annotated[Optional[str], typer.Option("--target", "-t", help="Only this target's results.")] = None,
+    prune: Annotated[bool, typer.Option("--prune", help="Remove the matching results (with --target, --draft, "
+                                        "--stale or --all).")] = False,
+    draft: Annotated[Optional[str], typer.Option(help="With --prune: this draft's results.")] = None,
+    stale: Annotated[bool, typer.Option("--stale", help="With --prune: results today's code no longer uses (older "
+                                        "schema or specdraft-eval, runtime unknown).")] = False,
+    everything: Annotated[bool, typer.Option("--all", help="With --prune: every result.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """List this machine's results store (what draft=auto reads first), or prune it."""
+    from specdraft_eval.measure import store
+
+    if prune:
+        removed = store.prune(target, draft, stale, everything)
+        return emit({"removed": [str(p) for p in removed], "store": str(store.store_dir())}, as_json)
+    if draft or stale or everything:
+        raise SpecdecError("--draft, --stale and --all choose what --prune removes: add --prune")
+    rows = [{"written": s.written[:19], "origin": s.origin, "target": s.record.target, "draft": s.record.draft,
+             "γ": s.record.num_draft_tokens, "dynamic": s.record.dynamic_gamma, "batch": s.record.batch_size,
+             "speedup": s.record.total.speedup, "TAR": s.record.total.tar, "code": s.record.code_version,
+             "file": s.path.name} for s in store.entries(target)]
+    if as_json:
+        return emit({"store": str(store.store_dir()), "results": rows}, True)
+    if not rows:
+        return typer.echo(f"no results stored under {store.store_dir()}: lm_eval --model specdec ... baseline=true "
+                          "and zoo tune add them")
+    typer.echo(f"results store {store.store_dir()}:")
+    emit(rows, False, floatfmt=".2f")
 
 
 @app.command()

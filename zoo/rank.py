@@ -53,16 +53,18 @@ def tree_depth(draft: str) -> int | None:
     return next((d for d in depths if d), None)
 
 
-def tar_from_results(files: list[ResultsFile], target: str, task: str,
-                     draft: str) -> tuple[dict[int, float], dict[int, str]]:
-    """TAR per γ for ``draft`` on ``task`` from fixed-γ records: records at the same γ merged (counts summed),
-    and every smaller γ not run estimated from the nearest larger γ's acceptance histogram."""
+def tar_from_results(files: list[ResultsFile], target: str, task: str, draft: str,
+                     own: frozenset[Path] = frozenset()) -> tuple[dict[int, float], dict[int, str]]:
+    """TAR per γ for ``draft`` on ``task`` from fixed-γ records (only this machine's, ``own``, where it has any):
+    records at the same γ merged (counts summed), and every smaller γ not run estimated from the nearest larger γ's
+    acceptance histogram."""
     merged: dict[int, GenerationStats] = {}
     hardware: dict[int, set[str]] = {}
-    for entry in files:
+    matching = [entry for entry in files if entry.record.target == target and entry.record.draft == draft
+                and not entry.record.dynamic_gamma and task in entry.record.per_task]
+    mine = [entry for entry in matching if entry.path in own]
+    for entry in mine or matching:
         record = entry.record
-        if record.target != target or record.draft != draft or record.dynamic_gamma or task not in record.per_task:
-            continue
         gamma = record.num_draft_tokens
         merged[gamma] = merged.get(gamma, GenerationStats()) + record.per_task[task]
         hardware.setdefault(gamma, set()).add(record.hardware or "unknown hardware")
@@ -70,7 +72,8 @@ def tar_from_results(files: list[ResultsFile], target: str, task: str,
     for gamma, stats in sorted(merged.items()):
         if stats.steps:
             tar[gamma] = stats.tar
-            source[gamma] = f"results γ={gamma} ({stats.generations} requests; {', '.join(sorted(hardware[gamma]))})"
+            whose = "this machine's results" if mine else "results"
+            source[gamma] = f"{whose} γ={gamma} ({stats.generations} requests; {', '.join(sorted(hardware[gamma]))})"
     for gamma, stats in sorted(merged.items()):  # smallest first: estimates come from the nearest larger γ
         for smaller in range(1, gamma):
             estimate = stats.tar_at(smaller)

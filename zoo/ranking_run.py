@@ -11,6 +11,7 @@ from specdraft_eval.drafts.kind import all_candidates
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.files import RecordWarning
 from specdraft_eval.integration.offline_data import task_prompts
+from specdraft_eval.measure import store
 from specdraft_eval.measure.environment import ModelFacts
 from specdraft_eval.measure.profiles import read_calibration
 from specdraft_eval.measure.record import scan_results
@@ -68,10 +69,12 @@ def run_rank(target_name: str, options: RankOptions = RankOptions(),
         raise SpecdecError(f"--gpus {options.gpus}: give a number >= 1, with a named --gpu (this machine's profile "
                            "times one process)")
     accelerator = None if gpu == "this" else latency_model.accelerator(gpu, read_calibration(gpu))
-    files = scan_results(results if results is not None else [published.results()])
+    own = store.paths(target_name) if results is None else []  # this machine's results first (zoo.rank)
+    files = scan_results([*own, *(results if results is not None else [published.results()])])
+    mine = frozenset(own)
     records = {f.record.draft: f.record for f in files if f.record.target == target_name}
     if accelerator is None:
-        return _rank_here(target_name, options, files, records, settings)
+        return _rank_here(target_name, options, files, records, settings, mine)
     target = shapes.model_shape(target_name)
     family = [e.name for e in catalog.entries(target_name) if target_name.lower() not in (e.name, e.hub_id.lower())
               ] if catalog.family_of(target_name) else []
@@ -90,7 +93,7 @@ def run_rank(target_name: str, options: RankOptions = RankOptions(),
         c = Candidate(name, t_draft, f"{latency} ({where})" if r.shape else "model-free",
                       r.shape.parameters / 1e6 if r.shape else None,
                       r.shape.kv_bytes_per_token() if r.shape else 0)
-        c.tar, c.tar_source = tar_from_results(files, target_name, task, name)
+        c.tar, c.tar_source = tar_from_results(files, target_name, task, name, mine)
         c.missing, c.tree_depth = missing_tar_hint(target_name, task, name), tree_depth(name)
         candidates.append(c)
     if n_measure:
@@ -122,7 +125,7 @@ def _measure_tar(target: Target, task: str, n: int, candidates: list[Candidate],
 
 
 def _rank_here(target_name: str, options: RankOptions, files: list, records: dict,
-               settings: LoadSettings) -> RankResult:
+               settings: LoadSettings, mine: frozenset = frozenset()) -> RankResult:
     """``--gpu this``: load the models and take latencies from this machine's profile."""
     task, n_measure, drafts, gammas = options.task, options.measure, options.drafts, options.gammas
     max_new_tokens = options.max_new_tokens
@@ -143,7 +146,7 @@ def _rank_here(target_name: str, options: RankOptions, files: list, records: dic
     for name, drafter in drafters.items():
         facts = ModelFacts.of(drafter.model)
         c = Candidate(name, 0.0, "profile", facts.parameters_m or None, facts.kv_bytes_per_token)
-        c.tar, c.tar_source = tar_from_results(files, target_name, task, name)
+        c.tar, c.tar_source = tar_from_results(files, target_name, task, name, mine)
         c.missing = missing_tar_hint(target_name, task, name)
         candidates.append(c)
     if n_measure:

@@ -50,6 +50,13 @@ TASK_PROMPTS = {
 }
 
 
+TASK_STOPS = {
+    "specdec_humaneval": ["\nclass", "\ndef", "\n#", "\nif", "\nprint"],
+    "specdec_mmlu_cot": ["\n\nQ:", "\nQ:"],
+}
+"""The bundled tasks' stop strings (their YAMLs' ``until``), for the zoo's decoding of their prompts."""
+
+
 def task_prompts(task: str) -> list[str]:
     """The prompts of a bundled offline task, in dataset order."""
     from specdraft_eval.errors import SpecdecError
