@@ -222,6 +222,13 @@ def test_batch_study_cli_json_and_table(tiny, prompts_file):
     for label in ("4", "dynamic"):
         paying = [r["batch_size"] for r in data["rows"] if r["gamma"] == label and r["speedup"] > 1]
         assert data["pays_up_to_batch"][f"prompt-lookup:3 γ={label}"] == (max(paying) if paying else None)
+    from specdraft_eval.measure import store  # each configuration measured went to this machine's results store
+
+    stored = [(s.origin, s.record.draft, s.record.num_draft_tokens, s.record.dynamic_gamma, s.record.batch_size)
+              for s in store.entries()]
+    assert stored == [("zoo bench", "prompt-lookup:3", 4, dynamic, size) for dynamic in (False, True)
+                      for size in (1, 2)]
+    assert all(s.record.total.speedup for s in store.entries())
     table = run_cli(*args)
     assert table.returncode == 0, table.stderr[-2000:]
     assert "plain tok/s" in table.stdout and "prompt-lookup:3 γ=4: speculation pays" in table.stdout

@@ -204,7 +204,8 @@ batch_size: BatchSizeOpt = None,
     plan = BenchPlan(policies[0].num_draft_tokens if sizes else one_gamma(gamma), repeats, max_new_tokens, compile)
     args = (target, drafts or ["prompt-lookup"], texts, plan, load_settings(device, dtype, use_kernels, kernels))
     with progress("batch study" if sizes else "benchmarking") as tick:
-        result = batch.study(*args, sizes, tick, policies) if sizes else run.bench(*args, tick)
+        result = (batch.study(*args, sizes, tick, policies, None if prompts else task or "specdec_humaneval")
+                  if sizes else run.bench(*args, tick))
     result.task = None if prompts else task or "specdec_humaneval"
     if as_json:
         return emit(result.to_json(), True)
@@ -247,14 +248,15 @@ def recommend(
 @cli_errors
 def tune(
     target: TargetOpt = DEFAULT_TARGET,
-    task: Annotated[str, typer.Option(help=TaskText + " Tuning reads its held-in documents.")] = DEFAULT_TASK,
+    task: Annotated[str, typer.Option(help=TaskText + " Tuning reads documents no draft was built from and the "
+                                      "leaderboard does not measure.")] = DEFAULT_TASK,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Requests decoded together (as lm_eval "
                                             "--batch_size).")] = 1,
     budget: Annotated[float, typer.Option("--budget", help="Minutes for the successive halving (a round that "
                                           "would not fit is not started).")] = 15.0,
     drafts: DraftsOpt = None,
-    first_prompts: Annotated[int, typer.Option(help="Held-in prompts per contender in the first round (x batch "
-                                               "size); twice as many each round after.")] = 2,
+    first_prompts: Annotated[int, typer.Option(help="Prompts per contender in the first round (x batch size); "
+                                               "twice as many each round after.")] = 4,
     evaluate: Annotated[int, typer.Option(help="Then measure every contender on the task's first N documents (the "
                                           "leaderboard's): the exhaustive check of the choice.")] = 0,
     plot: Annotated[Optional[Path], typer.Option(help="Bar chart of each contender's speedup.")] = Path("tune.png"),
@@ -263,7 +265,7 @@ def tune(
     as_json: JsonOpt = False,
 ) -> None:
     """Measure the drafts that load for a target here (every kind's, the shipped ones, --drafts, composites) on a
-    task's held-in prompts by successive halving, and store the winners in this machine's results, where
+    task's tuning documents by successive halving, and store the winners in this machine's results, where
     draft=auto reads them first."""
     from zoo.tune import tune as run_tune
 
@@ -279,7 +281,7 @@ def tune(
            "speedup": r.speedup, **({"eval speedup": r.evaluated_speedup} if evaluate else {}),
            "chosen": "*" if r.chosen else ""} for r in result.rows], False, floatfmt=".2f")
     chosen = result.chosen
-    typer.echo(f"chosen: draft={chosen.draft} with dynamic γ ({chosen.speedup or 0:.2f}x on held-in prompts); "
+    typer.echo(f"chosen: draft={chosen.draft} with dynamic γ ({chosen.speedup or 0:.2f}x on the tuning prompts); "
                f"stored for draft=auto: {len(result.stored)} file(s) under {Path(result.stored[0]).parent}"
                + (f"; plot {result.plot}" if result.plot else ""))
     for line in result.skipped:

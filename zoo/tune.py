@@ -1,13 +1,14 @@
-"""``zoo tune``: measure the contenders for a target on a task's held-in prompts, successive halving, winners stored.
+"""``zoo tune``: measure the contenders for a target on a task's tuning prompts, successive halving, winners stored.
 
 The contenders are :func:`specdraft_eval.integration.autotune.candidate_set`'s that load here (every kind's file-free
 candidates, the shipped drafts and ``--drafts``, composites of the best model-free draft with each model-based one),
-each with dynamic γ. A round gives every survivor the same prompts (the task's held-in documents, those
-``lm_eval --limit`` does not reach, in order; ``batch_size`` at a time, with the task's stop strings) and decodes
-them once plainly too, interleaved, so each survivor's speedup is over the same output; the better half goes on
-to a round of twice as many prompts, until one is left or the budget would run out (each round's time is estimated
-from the last). Every output must equal plain decoding's. The winner and the last round's other survivors go to
-this machine's results store (:mod:`specdraft_eval.measure.store`), where ``draft=auto`` reads them first.
+each with dynamic γ. A round gives every survivor the same prompts (:func:`zoo.held_in.tuning_prompts`: documents
+no draft was built from and the leaderboard does not measure; ``batch_size`` at a time, with the task's stop
+strings) and decodes them once plainly too, interleaved, so each survivor's speedup is over the same output; the
+better half goes on to a round of twice as many prompts (the pool taken again once used up), until one is left or
+the budget would run out (each round's time is estimated from the last). Every output must equal plain decoding's.
+The winner and the last round's other survivors go to this machine's results store
+(:mod:`specdraft_eval.measure.store`), where ``draft=auto`` reads them first.
 ``evaluate`` N then measures *every* contender on the task's first N documents (the leaderboard's), the exhaustive
 check of the choice.
 """
@@ -30,7 +31,7 @@ from specdraft_eval.measure import store
 from specdraft_eval.measure.environment import hardware
 from specdraft_eval.measure.record import SpecdecRecord
 from specdraft_eval.models.targets import LoadSettings, runtime_of
-from zoo.held_in import HELD_OUT
+from zoo.held_in import tuning_prompts
 from zoo.plotting import png_bytes
 from zoo.progress import Tick, no_progress
 
@@ -39,7 +40,7 @@ MAX_NEW_TOKENS = 256  # the bundled tasks' max_gen_toks
 
 @dataclass
 class TuneRow:
-    """One contender: how far it went, what it measured on the held-in prompts, and on the evaluation documents."""
+    """One contender: how far it went, what it measured on the tuning prompts, and on the evaluation documents."""
 
     draft: str
     num_draft_tokens: int
@@ -104,7 +105,7 @@ def _decode_round(target, tokenizer, survivors: list[Contender], sessions: dict[
             result = sessions[id(contender)].generate(batch, params, lambda rows=len(batch): stops(rows), task)
             for i, output in zip(chunk, result.outputs, strict=True):
                 if output != prompts.expected[i]:
-                    raise SpecdecError(f"draft {contender.drafter.name}: held-in prompt {i} differs from plain "
+                    raise SpecdecError(f"draft {contender.drafter.name}: prompt {i} differs from plain "
                                        "decoding: a bug, please report it with this command")
             contender.add(result.stats + plain, len(batch))
             tick()
@@ -132,9 +133,9 @@ def _batches_planned(count: int, first: int) -> int:
 
 
 def tune(target_name: str, task: str, settings: LoadSettings, batch_size: int = 1, budget_minutes: float = 15.0,
-         drafts: list[str] | None = None, first_prompts: int = 2, evaluate: int = 0, plot: Path | None = None,
+         drafts: list[str] | None = None, first_prompts: int = 4, evaluate: int = 0, plot: Path | None = None,
          tick: Tick = no_progress, clock: Callable[[], float] = time.monotonic) -> TuneResult:
-    """``zoo tune`` (see the module docstring): ``first_prompts`` held-in prompts per survivor in the first round
+    """``zoo tune`` (see the module docstring): ``first_prompts`` prompts per survivor in the first round
     (times ``batch_size``), doubling per round, within ``budget_minutes``; ``evaluate`` > 0 also measures every
     contender on the task's first ``evaluate`` documents; ``plot``: a bar chart of each contender's speedup."""
     if task not in TASK_STOPS:
@@ -148,19 +149,18 @@ def tune(target_name: str, task: str, settings: LoadSettings, batch_size: int = 
     found, skipped = contenders(target, candidate_set(model.config.num_hidden_layers, extra))
     if not found:
         raise SpecdecError(f"no draft loads for {target_name}: {'; '.join(skipped)}")
-    texts = task_prompts(task)
-    held_in = _Prompts([tokenizer(p).input_ids for p in texts[HELD_OUT.get(task, 0):]])
+    pool = _Prompts([tokenizer(p).input_ids for p in tuning_prompts(task)])
     sessions = {id(c): Session(model, c.drafter, RunSettings(c.policy)) for c in found}
-    autoregressive_generate_batch(model, [held_in.ids[0]], 8)  # warm-up
+    autoregressive_generate_batch(model, [pool.ids[0]], 8)  # warm-up
     halving, used, per, rounds_started = Halving(found), 0, first_prompts * batch_size, clock()
     tick(0, total=_batches_planned(len(found), first_prompts))
     for survivors in halving.rounds():
-        indices = list(range(used, min(used + per, len(held_in.ids))))
+        indices = [i % len(pool.ids) for i in range(used, used + per)]  # the pool again once used up: every
+        # survivor of a round decoded every earlier round's prompts, so their sums stay alike
         rate = (clock() - rounds_started) / max(sum(c.requests for c in found) + used, 1)  # s per prompt decoded
-        if not indices or (used and clock() - started + rate * len(indices) * (len(survivors) + 1)
-                           > budget_minutes * 60):
+        if used and clock() - started + rate * len(indices) * (len(survivors) + 1) > budget_minutes * 60:
             break
-        _decode_round(model, tokenizer, survivors, sessions, held_in, indices, batch_size, task, tick)
+        _decode_round(model, tokenizer, survivors, sessions, pool, indices, batch_size, task, tick)
         used, per = used + len(indices), per * 2
     winner = halving.winner
     result = TuneResult(target_name, task, hardware(model.device), batch_size, budget_minutes, 0.0, skipped=skipped)
@@ -196,7 +196,7 @@ def _evaluate(model, tokenizer, found: list[Contender], task: str, documents: in
 
 
 def _plot(result: TuneResult, path: Path) -> None:
-    """Measured speedup per contender (held-in prompts, and the evaluation documents where measured)."""
+    """Measured speedup per contender (tuning prompts, and the evaluation documents where measured)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -206,7 +206,7 @@ def _plot(result: TuneResult, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(8, 0.35 * len(rows) + 1.5))
     names = [("★ " if r.chosen else "") + r.draft.replace(str(Path.cwd()) + "/", "") for r in rows]
     y = range(len(rows))
-    ax.barh([i + 0.2 for i in y], [r.speedup for r in rows], height=0.4, label="held-in prompts (tuning)")
+    ax.barh([i + 0.2 for i in y], [r.speedup for r in rows], height=0.4, label="tuning prompts")
     if any(r.evaluated_speedup for r in rows):
         ax.barh([i - 0.2 for i in y], [r.evaluated_speedup or 0 for r in rows], height=0.4,
                 label=f"first {result.evaluation_documents} documents (evaluation)")

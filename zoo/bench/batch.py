@@ -24,11 +24,14 @@ from specdraft_eval.engine.loop import (
 from specdraft_eval.engine.params import DecodeParams, GammaPolicy, RunSettings
 from specdraft_eval.engine.session import Session
 from specdraft_eval.errors import SpecdecError
+from specdraft_eval.measure import store
 from specdraft_eval.measure.environment import ModelFacts, dtype_name, hardware
 from specdraft_eval.measure.profiles import Spread
+from specdraft_eval.measure.record import SpecdecRecord
+from specdraft_eval.measure.stats import GenerationStats
 from specdraft_eval.measure.timers import peak_memory_mb
 from specdraft_eval.models.kernels import distinct_weight_bytes
-from specdraft_eval.models.targets import LoadSettings
+from specdraft_eval.models.targets import LoadSettings, runtime_of
 from zoo.bench.result import BenchPlan
 from zoo.progress import Tick, no_progress
 
@@ -85,9 +88,14 @@ def _batches(prompts: list[list[int]], size: int) -> list[list[list[int]]]:
     return [prompts[i:i + size] for i in range(0, len(prompts), size)]
 
 
+Measured = Callable[[object, GammaPolicy, int, GenerationStats], None]
+"""Told each (drafter, γ policy, batch size) measured, with its counters summed over the repeats."""
+
+
 def run_batch_study(target, tokenizer, drafters: list, prompts: list[str], batch_sizes: list[int], plan: BenchPlan,
                     on_run: Callable[[], None] = lambda: None,
-                    policies: list[GammaPolicy] | None = None) -> BatchStudy:
+                    policies: list[GammaPolicy] | None = None,
+                    on_measured: Measured = lambda *measured: None) -> BatchStudy:
     """Run the study (see the module docstring) under each of ``policies`` (default: the plan's fixed γ); raise
     :class:`SpecdecError` naming a prompt whose output differs from plain decoding."""
     repeats, max_new_tokens = plan.repeats, plan.max_new_tokens
@@ -100,7 +108,9 @@ def run_batch_study(target, tokenizer, drafters: list, prompts: list[str], batch
         for policy in policies:
             run = RunSettings(policy)
             for size in batch_sizes:
-                rows.append(_measure(target, drafter, run, ids, expected, size, repeats, max_new_tokens, on_run))
+                row, totals = _measure(target, drafter, run, ids, expected, size, repeats, max_new_tokens, on_run)
+                rows.append(row)
+                on_measured(drafter, policy, size, sum(totals, GenerationStats()))
     pays = {}
     for drafter in drafters:
         for policy in policies:
@@ -116,8 +126,9 @@ def _label(policy: GammaPolicy) -> str:
 
 
 def _measure(target, drafter, run: RunSettings, ids: list[list[int]], expected: list[list[int]], size: int,
-             repeats: int, max_new_tokens: int, on_run: Callable[[], None]) -> BatchRow:
-    """One draft under one γ policy at one batch size (a warm-up, then ``repeats`` sessions with the baseline)."""
+             repeats: int, max_new_tokens: int, on_run: Callable[[], None]) -> tuple[BatchRow, list[GenerationStats]]:
+    """One draft under one γ policy at one batch size (a warm-up, then ``repeats`` sessions with the baseline): its
+    row and each repeat's counters."""
     speculative_generate_batch(target, drafter, ids[:size], min(8, max_new_tokens), run=run)  # warm-up shapes
     autoregressive_generate_batch(target, ids[:size], min(8, max_new_tokens))
     spec, plain, totals = [], [], []
@@ -147,16 +158,27 @@ def _measure(target, drafter, run: RunSettings, ids: list[list[int]], expected: 
                        target.device, distinct_weight_bytes(target)),
         draft_ms_per_pass=statistics.median(t.draft_seconds / t.verify_passes * 1000 for t in totals),
         host_reads_per_pass=totals[0].host_reads / passes if passes else None,
-        mean_gamma=totals[0].draft_tokens / totals[0].steps if totals[0].steps else None)
+        mean_gamma=totals[0].draft_tokens / totals[0].steps if totals[0].steps else None), totals
 
 
 def study(target_name: str, drafts: list[str], prompts: list[str], plan: BenchPlan, settings: LoadSettings,
-          batch_sizes: list[int], tick: Tick = no_progress, policies: list[GammaPolicy] | None = None) -> BatchStudy:
-    """``zoo bench --batch-size``: load the target and drafts with ``settings`` and :func:`run_batch_study`."""
+          batch_sizes: list[int], tick: Tick = no_progress, policies: list[GammaPolicy] | None = None,
+          task: str | None = None) -> BatchStudy:
+    """``zoo bench --batch-size``: load the target and drafts with ``settings`` and :func:`run_batch_study`; each
+    configuration's counters go to this machine's results store under ``task`` (default ``default``: a prompt
+    file's)."""
     from zoo.loading import load_run
 
     target, drafters = load_run(target_name, drafts, settings)
     runs = len(drafters) * len(policies or [None])
     tick(0, total=sum(-(-len(prompts) // size) for size in batch_sizes) * plan.repeats * runs)
+
+    def stored(drafter, policy: GammaPolicy, size: int, stats: GenerationStats) -> None:
+        """Each configuration measured goes to this machine's results store, where draft=auto reads it first."""
+        record = SpecdecRecord.new(target_name, drafter.name, policy.num_draft_tokens, policy.dynamic,
+                                   target.model.device, {task or "default": stats}, drafter.model,
+                                   runtime=runtime_of(target.model), batch_size=size)
+        store.save(record, "zoo bench")
+
     return run_batch_study(target.model, target.tokenizer, drafters, prompts, batch_sizes, plan, on_run=tick,
-                           policies=policies)
+                           policies=policies, on_measured=stored)
