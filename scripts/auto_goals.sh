@@ -5,7 +5,8 @@
 #   unknown `draft=auto` on the embedded default loaded from a directory under another name (the board does not know
 #           it): tuning inside a 40-document HumanEval run at batch 1, 4 and 8, the tuned configuration at batch 1
 #           beside it, and `--model hf`'s outputs to compare with
-# Usage: scripts/auto_goals.sh tune|unknown   (each under 30 minutes on the 2-core VM; run one at a time)
+# Usage: scripts/auto_goals.sh tune|unknown   (each under 30 minutes on the 2-core VM; run one at a time;
+#        BATCHES="1" HF=0 scripts/auto_goals.sh unknown: batch 1 only, --model hf's run kept from before)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=docs/auto52
@@ -25,7 +26,7 @@ case "${1:-}" in
 print(local_dir(resolve('smollm2-135m-instruct')).path)")
     unknown=$(mktemp -d)/my-local-model
     mkdir -p "$unknown" && ln -s "$dir"/* "$unknown"/
-    for batch in 1 4 8; do
+    for batch in ${BATCHES:-1 4 8}; do
       export SPECDRAFT_EVAL_STORE=$(mktemp -d)
       $bin/lm_eval --model specdec --model_args "pretrained=$unknown,draft=auto,baseline=true" "${tasks[@]}" \
         --limit 40 --batch_size $batch --log_samples --output_path "$out/unknown_auto_b$batch" > "$out/unknown_auto_b$batch.log" 2>&1
@@ -39,8 +40,13 @@ print(c['draft'], c['num_draft_tokens'])")
         --model_args "pretrained=$unknown,draft=$chosen,num_draft_tokens=$gamma,dynamic_gamma=true,baseline=true" \
         "${tasks[@]}" --limit 40 --output_path "$out/unknown_tuned_b1" > "$out/unknown_tuned_b1.log" 2>&1
     fi
-    $bin/lm_eval --model hf --model_args "pretrained=$unknown" "${tasks[@]}" --limit 40 --log_samples \
-      --output_path "$out/unknown_hf" > "$out/unknown_hf.log" 2>&1
+    if [ "${HF:-1}" = 1 ]; then
+      $bin/lm_eval --model hf --model_args "pretrained=$unknown" "${tasks[@]}" --limit 40 --log_samples \
+        --output_path "$out/unknown_hf" > "$out/unknown_hf.log" 2>&1
+    fi
+    for batch in ${BATCHES:-1 4 8}; do  # outputs equal --model hf's, document by document
+      $bin/python scripts/compare_samples.py "$out/unknown_auto_b$batch" "$out/unknown_hf" > "$out/identity_b$batch.json"
+    done
     ;;
   *) echo "usage: $0 tune|unknown" >&2; exit 2 ;;
 esac

@@ -154,3 +154,15 @@ def test_zoo_tune_finds_catalog_drafts_in_the_hf_cache(tmp_path, monkeypatch):
     assert cached_catalog_drafts("/some/unknown-model") == []
     (tmp_path / "models--HuggingFaceTB--SmolLM2-360M-Instruct" / "snapshots" / "abc123" / "config.json").unlink()
     assert cached_catalog_drafts("smollm2-135m-instruct") == []
+
+
+def test_every_draft_found_is_tried_before_any_drafts_variants():
+    """The shipped drafts are two heads and an n-gram table: the first three contenders pair each with prompt lookup
+    (the heads as trees), and the heads' chains come after (a run that can try four tries all three drafts)."""
+    from specdraft_eval.integration.autotune import MODEL_FREE_PARTNER, candidate_set
+
+    drafts = [c.draft for c in candidate_set(30)]
+    first = [d.removeprefix(MODEL_FREE_PARTNER + "|") for d in drafts[:3]]
+    assert all(d.startswith(MODEL_FREE_PARTNER + "|") for d in drafts[:5])
+    assert [d.rsplit("/", 1)[-1] for d in first] == ["smollm2-eagle@2x4", "smollm2-eagle3@2x4", "smollm2-ngram"]
+    assert drafts[-3:] == ["layers:0-4", "prompt-lookup", "suffix"]

@@ -277,7 +277,9 @@ def tune(
     typer.echo(f"target {target} on {result.hardware}, {task}, batch {batch_size}: {result.seconds / 60:.1f} min"
                + (f" (evaluation on the first {evaluate} documents: {result.evaluation_seconds / 60:.1f} min)"
                   if evaluate else ""))
-    emit([{"draft": r.draft, "γ from": r.num_draft_tokens, "rounds": r.rounds, "prompts": r.prompts, "TAR": r.tar,
+    here = f"{Path.cwd()}/"  # drafts under the working directory as relative paths: the table stays narrow
+    emit([{"draft": r.draft.replace(here, ""), "γ from": r.num_draft_tokens, "rounds": r.rounds,
+           "prompts": r.prompts, "TAR": r.tar,
            "speedup": r.speedup, **({"eval speedup": r.evaluated_speedup} if evaluate else {}),
            "chosen": "*" if r.chosen else ""} for r in result.rows], False, floatfmt=".2f")
     chosen = result.chosen

@@ -80,17 +80,19 @@ def found_drafts(extra: list[str] = ()) -> list[str]:
 
 def candidate_set(target_layers: int, extra: list[str] = ()) -> list[Candidate]:
     """The configurations worth trying, in the order tried when not all can be: composites of the best model-free
-    draft with each model-based one, the model-based ones alone, then every kind's file-free candidates."""
+    draft with each draft found on disk (every found draft's first configuration, its tree for a head, before any
+    draft's second: a run that can try four tries four drafts, not one head's variants), the found drafts alone (in
+    the same order), then every kind's file-free candidates."""
     kinds = draft_kinds()
-    model_based = []
+    variants = []
     for written in found_drafts(extra):
         spec = DraftSpec.parse(written, kinds)
         kind = kinds.get(spec.kind)
-        model_based += kind.found_candidates(written) if kind else [Candidate(written, (4,))]
-    trees_first = sorted(model_based, key=lambda c: "@" not in c.draft)  # stable: found order within each
-    composites = [Candidate(f"{MODEL_FREE_PARTNER}|{c.draft}", c.gammas) for c in trees_first]
+        variants.append(kind.found_candidates(written) if kind else (Candidate(written, (4,)),))
+    diverse = [found[i] for i in range(max(map(len, variants), default=0)) for found in variants if i < len(found)]
+    composites = [Candidate(f"{MODEL_FREE_PARTNER}|{c.draft}", c.gammas) for c in diverse]
     free = [c for kind in kinds.values() for c in kind.candidates(target_layers)]
-    return composites + trees_first + free
+    return composites + diverse + free
 
 
 def contenders(target: Target, candidates: list[Candidate], most: int | None = None) -> tuple[list[Contender],
