@@ -22,6 +22,7 @@ case "${1:-}" in
     $bin/zoo results --json > "$out/store_after_tune.json"
     ;;
   unknown)
+    mkdir -p "$out/identity"
     dir=$($bin/python -c "from specdraft_eval.models.targets import local_dir, resolve
 print(local_dir(resolve('smollm2-135m-instruct')).path)")
     unknown=$(mktemp -d)/my-local-model
@@ -45,7 +46,7 @@ print(c['draft'], c['num_draft_tokens'])")
         --output_path "$out/unknown_hf" > "$out/unknown_hf.log" 2>&1
     fi
     for batch in ${BATCHES:-1 4 8}; do  # outputs equal --model hf's, document by document
-      $bin/python scripts/compare_samples.py "$out/unknown_auto_b$batch" "$out/unknown_hf" > "$out/identity_b$batch.json"
+      $bin/python scripts/compare_samples.py "$out/unknown_auto_b$batch" "$out/unknown_hf" > "$out/identity/b$batch.json" || true
     done
     ;;
   *) echo "usage: $0 tune|unknown" >&2; exit 2 ;;
