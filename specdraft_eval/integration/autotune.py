@@ -220,7 +220,3 @@ class RunTuner:
     def all_sessions(self) -> list[Session]:
         return list(self.sessions.values())
 
-    @property
-    def names(self) -> list[str]:
-        return [c.drafter.name for c in self.contenders]
-

@@ -124,12 +124,14 @@ class SpecDecLM(HFLM):
         self._contexts: list[str] = []  # the texts of the batch HFLM is encoding (tok_batch_encode)
         self._request_figures: dict[str, list[dict]] = defaultdict(list)  # context -> its requests' figures
 
-    def _tune(self, target: Target, run) -> RunTuner:
+    def _tune(self, target: Target, run) -> RunTuner | None:
         """``draft=auto`` with nothing measured for this target, hardware and batch size: a tuner over the
-        contenders that load here (:mod:`~specdraft_eval.integration.autotune`)."""
+        contenders that load here (:mod:`~specdraft_eval.integration.autotune`); None if none does."""
         found, skipped = contenders(target, candidate_set(target.model.config.num_hidden_layers))
         for line in skipped:
             log.info("draft=auto: not trying %s", line)
+        if not found:
+            return None
         log.warning("draft=auto for %s: nothing measured on this machine at this batch size; tuning on the run's first "
                     "requests (at most %d%%) among %s", self.target_name, round(IN_RUN_SHARE * 100),
                     ", ".join(c.drafter.name for c in found))
