@@ -316,6 +316,7 @@ def results(
              "file": s.path.name} for s in store.entries(target)]
     if as_json:
         return emit({"store": str(store.store_dir()), "results": rows}, True)
+    rows = [{k: v for k, v in row.items() if k != "file"} for row in rows]  # the text table within 120 columns
     if not rows:
         return typer.echo(f"no results stored under {store.store_dir()}: lm_eval --model specdec ... baseline=true "
                           "and zoo tune add them")
