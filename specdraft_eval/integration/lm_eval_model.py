@@ -24,7 +24,7 @@ from lm_eval.models.huggingface import HFLM
 from specdraft_eval.drafts import load_draft
 from specdraft_eval.drafts.model import ModelDrafter
 from specdraft_eval.drafts.spec import AUTO, AUTO_FIXED, DraftSpec
-from specdraft_eval.engine.params import DecodeParams, row_positions, text_stop
+from specdraft_eval.engine.params import DecodeParams, RunSettings, row_positions, text_stop
 from specdraft_eval.engine.session import Session
 from specdraft_eval.errors import SpecdecError, one_line, raise_terminated
 from specdraft_eval.integration.autotune import IN_RUN_SHARE, RunTuner, candidate_set, contenders
@@ -103,8 +103,8 @@ class SpecDecLM(HFLM):
         self._tuner: RunTuner | None = None
         spec = DraftSpec.parse(draft)
         if spec.kind == AUTO:
-            batch_size = self.batch_size if isinstance(self.batch_size, int) else 1
-            chosen = resolve_auto(target, runtime_of(self.model, args.static_cache, args.compile), batch_size)
+            chosen = resolve_auto(target, runtime_of(self.model, args.static_cache, args.compile),
+                                  self._requests_per_batch)
             if chosen.tune and spec.arg != AUTO_FIXED:
                 self._tuner = self._tune(target, run)
             draft, run = chosen.draft, args.run(chosen.num_draft_tokens, chosen.dynamic_gamma)
@@ -124,7 +124,7 @@ class SpecDecLM(HFLM):
         self._contexts: list[str] = []  # the texts of the batch HFLM is encoding (tok_batch_encode)
         self._request_figures: dict[str, list[dict]] = defaultdict(list)  # context -> its requests' figures
 
-    def _tune(self, target: Target, run) -> RunTuner | None:
+    def _tune(self, target: Target, run: RunSettings) -> RunTuner | None:
         """``draft=auto`` with nothing measured for this target, hardware and batch size: a tuner over the
         contenders that load here (:mod:`~specdraft_eval.integration.autotune`); None if none does."""
         found, skipped = contenders(target, candidate_set(target.model.config.num_hidden_layers))
@@ -136,6 +136,11 @@ class SpecDecLM(HFLM):
                     "requests (at most %d%%) among %s", self.target_name, round(IN_RUN_SHARE * 100),
                     ", ".join(c.drafter.name for c in found))
         return RunTuner(self.model, found, run, self.args.baseline)
+
+    @property
+    def _requests_per_batch(self) -> int:
+        """lm-eval's ``--batch_size`` (1 until ``auto`` has found one)."""
+        return self.batch_size if isinstance(self.batch_size, int) else 1
 
     @property
     def session(self) -> Session:
@@ -162,8 +167,7 @@ class SpecDecLM(HFLM):
                 by_task[request.task_name or "default"].append(i)
         results: list[str] = [""] * len(requests)
         if self._tuner is not None:
-            self._tuner.plan(sum(map(len, by_task.values())), self.batch_size if isinstance(self.batch_size, int)
-                             else 1)
+            self._tuner.plan(sum(map(len, by_task.values())), self._requests_per_batch)
         if self.args.static_cache and by_task:  # one cache shape for every request of the run
             capacity = max(self._positions(requests[i]) for indices in by_task.values() for i in indices)
             for session in self._sessions():
