@@ -26,7 +26,7 @@ from specdraft_eval.engine.params import DecodeParams, RunSettings, text_stop
 from specdraft_eval.engine.session import Session
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.files import atomic_write
-from specdraft_eval.integration.autotune import Contender, Halving, candidate_set, contenders
+from specdraft_eval.integration.autotune import Contender, Halving, candidate_set, contenders, halving_schedule
 from specdraft_eval.integration.offline_data import TASK_STOPS, task_prompts
 from specdraft_eval.measure import store
 from specdraft_eval.measure.environment import hardware
@@ -127,10 +127,7 @@ def cached_catalog_drafts(target_name: str) -> list[str]:
 
 def _batches_planned(count: int, first: int) -> int:
     """Batches successive halving decodes for ``count`` contenders (plain decoding's included) if no budget cuts it."""
-    total, per = 0, first
-    while count > 1:
-        total, count, per = total + (count + 1) * per, -(-count // 2), per * 2
-    return total
+    return sum((survivors + 1) * per for survivors, per in halving_schedule(count, first))
 
 
 def tune(target_name: str, task: str, settings: LoadSettings, batch_size: int = 1, budget_minutes: float = 15.0,

@@ -109,13 +109,19 @@ def contenders(target: Target, candidates: list[Candidate], most: int | None = N
     return loaded, skipped
 
 
-def halving_cost(count: int, first: int = 1) -> int:
-    """Batches :func:`halving` decodes for ``count`` contenders, ``first`` batches each in its first round."""
-    cost, per = 0, first
+def halving_schedule(count: int, first: int = 1) -> list[tuple[int, int]]:
+    """Per round of :class:`Halving` over ``count`` contenders: (survivors, batches each), ``first`` batches each in
+    the first round, twice as many each round after."""
+    rounds, per = [], first
     while count > 1:
-        cost += count * per
+        rounds.append((count, per))
         count, per = math.ceil(count / 2), per * 2
-    return cost
+    return rounds
+
+
+def halving_cost(count: int, first: int = 1) -> int:
+    """Batches :class:`Halving` decodes for ``count`` contenders, ``first`` batches each in its first round."""
+    return sum(survivors * per for survivors, per in halving_schedule(count, first))
 
 
 def most_contenders(budget: int, first: int = 1) -> int:
