@@ -38,14 +38,17 @@ declare -A configs=(
   [prompt-lookup_eagle]="$target,draft=prompt-lookup:2-3|eagle:$drafts/smollm2-eagle,num_draft_tokens=4"
   [prompt-lookup_eagle_dynamic]="$target,draft=prompt-lookup:2-3|eagle:$drafts/smollm2-eagle,num_draft_tokens=4,dynamic_gamma=true"
   [prompt-lookup-tree]="$target,draft=prompt-lookup:3x3,num_draft_tokens=8"  # token trees: γ is the node budget
-  [suffix]="$target,draft=suffix,num_draft_tokens=16"
-  [suffix-ngram]="$target,draft=suffix:$drafts/smollm2-ngram,num_draft_tokens=16"  # + the n-gram draft's data
+  [suffix]="$target,draft=suffix,num_draft_tokens=24"  # vLLM's method: suffix at its defaults (γ = max_tree_depth)
+  [suffix_16]="$target,draft=suffix,num_draft_tokens=16"
+  [suffix-tree]="$target,draft=suffix:tree,num_draft_tokens=16"  # ArcticInference's token tree (use_tree_spec)
+  [suffix-ngram]="$target,draft=suffix:$drafts/smollm2-ngram,num_draft_tokens=16"  # warm: the n-gram draft's data
   [eagle-tree]="$target,draft=eagle:$drafts/smollm2-eagle@2x4,num_draft_tokens=6"  # EAGLE-2: top-2, 4 deep
   [eagle-tree-large]="$target,draft=eagle:$drafts/smollm2-eagle@8x6,num_draft_tokens=24"  # the head's accepted length
   [eagle-tree-xl]="$target,draft=eagle:$drafts/smollm2-eagle@12x7,num_draft_tokens=48"
   [eagle3]="$target,draft=eagle:$drafts/smollm2-eagle3,num_draft_tokens=4"  # EAGLE-3 (scripts/train_eagle3.sh)
   [eagle3-tree]="$target,draft=eagle:$drafts/smollm2-eagle3@8x6,num_draft_tokens=24"
   [suffix-ngram_eagle-tree]="$target,draft=suffix:$drafts/smollm2-ngram|eagle:$drafts/smollm2-eagle@2x4,num_draft_tokens=8"
+  [suffix_eagle-tree]="$target,draft=suffix|eagle:$drafts/smollm2-eagle@2x4,num_draft_tokens=8"
   [prompt-lookup_eagle-tree]="$target,draft=prompt-lookup:2-3|eagle:$drafts/smollm2-eagle@2x4,num_draft_tokens=6"
   [as-target_smollm2-5l-distilled]="pretrained=$drafts/smollm2-5l-distilled,draft=prompt-lookup"  # its accuracy
   [auto]="$target,draft=auto"  # last: resolves from the runs above
@@ -57,9 +60,9 @@ for m in "${models[@]}"; do  # lm_NAME: NAME's draft model scored on its own (sc
   d=${configs[$m]#*draft=}; configs[lm_$m]="pretrained=smollm2-135m-instruct,draft=${d%%,*},score=draft"
 done
 configs[sweep]="zoo profile --sweep"  # latency by depth and width on this machine (random weights)
-order=(prompt-lookup prompt-lookup_ngram ngram prompt-lookup-tree suffix suffix-ngram
+order=(prompt-lookup prompt-lookup_ngram ngram prompt-lookup-tree suffix suffix_16 suffix-tree suffix-ngram
        eagle prompt-lookup_eagle prompt-lookup_eagle_dynamic eagle-tree eagle-tree-large eagle3
-       eagle-tree-xl eagle3-tree suffix-ngram_eagle-tree prompt-lookup_eagle-tree layers_0-1 layers_0-4
+       eagle-tree-xl eagle3-tree suffix-ngram_eagle-tree suffix_eagle-tree prompt-lookup_eagle-tree layers_0-1 layers_0-4
        layers_0-9 layers_uniform-2 layers_uniform-5 auto
        lm_target lm_layers_0-1 lm_layers_0-4 lm_layers_0-9 lm_layers_uniform-2 lm_layers_uniform-5)  # published
 extra=(layers_0-19 layers_0-24 layers_uniform-10 layers_bi-10 smollm2-5l-distilled smollm2-10l-distilled

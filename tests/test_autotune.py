@@ -165,4 +165,4 @@ def test_every_draft_found_is_tried_before_any_drafts_variants():
     first = [d.removeprefix(MODEL_FREE_PARTNER + "|") for d in drafts[:3]]
     assert all(d.startswith(MODEL_FREE_PARTNER + "|") for d in drafts[:5])
     assert [d.rsplit("/", 1)[-1] for d in first] == ["smollm2-eagle@2x4", "smollm2-eagle3@2x4", "smollm2-ngram"]
-    assert drafts[-3:] == ["layers:0-4", "prompt-lookup", "suffix"]
+    assert drafts[-4:] == ["layers:0-4", "prompt-lookup", "suffix", "suffix:tree"]

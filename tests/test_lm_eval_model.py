@@ -49,3 +49,24 @@ def test_the_baseline_runs_first_every_other_batch(tmp_path, monkeypatch):
     assert order == ["s", "a", "a", "s", "s", "a"]
     figures = model._request_figures["w1 w2"]
     assert len(figures) == 3 and all(f["baseline_tokens"] == f["generated_tokens"] == 5 for f in figures)
+
+
+def test_a_suffix_draft_reports_its_cache_and_takes_its_settings_as_model_args(tmp_path):
+    """``max_tree_depth=...`` as model_args lands in the draft string the record names, and the record's
+    ``draft_state`` gives the suffix cache's tokens at the run's start and end (a run starts empty)."""
+    import torch
+    from conftest import save_tiny
+
+    from specdraft_eval.integration.lm_eval_model import SpecDecLM
+    from specdraft_eval.measure.record import SpecdecRecord
+
+    model = SpecDecLM(pretrained=str(save_tiny(tmp_path / "tiny")), draft="suffix", max_tree_depth=16,
+                      num_draft_tokens=4, device="cpu")
+    model._contexts = ["w1 w2", "w3"]
+    model._model_generate(torch.tensor([[5, 6, 7], [0, 8, 9]]), 12, [], attention_mask=torch.tensor([[1, 1, 1],
+                                                                                                    [0, 1, 1]]))
+    block = model.specdec_info()
+    assert block["draft"] == "suffix?max_tree_depth=16"
+    state = block["draft_state"]["suffix_cache"]
+    assert state["tokens_at_start"] == 0 and state["tokens_at_end"] > 0 and state["warm"] is False
+    assert SpecdecRecord.from_block(block).draft_state == block["draft_state"]

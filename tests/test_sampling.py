@@ -98,9 +98,9 @@ SETTINGS = [
 
 @pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
 @pytest.mark.parametrize("draft_kind", ["model", "reduced-head", "prompt-lookup", "composite", "eagle", "eagle-reduced",
-                                        "eagle-tree", "suffix"])
+                                        "eagle-tree", "suffix", "suffix-tree"])
 def test_emitted_tokens_follow_target_distribution(target, setting, draft_kind):
-    if draft_kind in ("composite", "suffix", "eagle-tree") and setting is not SETTINGS[0]:
+    if draft_kind in ("composite", "suffix", "suffix-tree", "eagle-tree") and setting is not SETTINGS[0]:
         pytest.skip("each composite proposal is one part's own; trees take the same rule at every setting")
     drafts = {
         "model": lambda: ModelDrafter(tiny_llama(seed=7, vocab=VOCAB, layers=1), "d", VOCAB),
@@ -113,6 +113,7 @@ def test_emitted_tokens_follow_target_distribution(target, setting, draft_kind):
                                               [0, 1, 3, 4, 6]),
         "eagle-tree": lambda: EagleDrafter(new_head(target, seed=7), target, "e", None, TreeShape(3, 3)),
         "suffix": lambda: suffix.KIND.load(None, None),
+        "suffix-tree": lambda: suffix.KIND.load("tree", None),
     }
     draft = drafts[draft_kind]()
     expected = exact_joint(target, Sampler(True, **setting))

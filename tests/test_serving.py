@@ -107,7 +107,15 @@ def test_trees_map_to_vllms_static_tree_and_sglangs_topk(tmp_path):
     assert sglang_args(f"eagle:{head}", 3)["speculative-num-steps"] == 3
     assert sglang_args("org/draft", 3)["speculative-algorithm"] == "STANDALONE"
     assert speculative_config("suffix", 16)["method"] == "suffix"
-    assert speculative_config("suffix:local", 16)["suffix_decoding_max_cached_requests"] == 0
+    assert speculative_config("suffix?max_cached_requests=0", 16)["suffix_decoding_max_cached_requests"] == 0
+    assert speculative_config("suffix?max_tree_depth=64&min_token_prob=0.2", 16) == {  # exactly what was measured
+        "method": "suffix", "num_speculative_tokens": 16, "suffix_decoding_max_tree_depth": 64,
+        "suffix_decoding_max_cached_requests": 10000, "suffix_decoding_max_spec_factor": 1.0,
+        "suffix_decoding_min_token_prob": 0.2}
+    for measured, differs in [("suffix:tree", "token tree"), ("suffix?max_spec_offset=2", "max_spec_offset=2"),
+                              (f"suffix:{tmp_path}", "warmed from")]:
+        with pytest.raises(SpecdecError, match=f"{differs}.*serve draft=suffix"):
+            speculative_config(measured, 16)
     with pytest.raises(SpecdecError, match="serve prompt-lookup:3"):
         speculative_config("prompt-lookup:3x4", 8)
     for draft in ("suffix", "prompt-lookup", "layers:0-3"):

@@ -1,74 +1,144 @@
-"""``suffix``: suffix decoding over the request's text and the run's earlier outputs. The proposals are checked
-against trees worked out by hand from the definition (occurrences of the longest earlier suffix, each node's
-probability its share of them, best-first, at least MIN_PROB), greedy output against transformers' own."""
+"""``suffix``: ArcticInference's suffix tree driven as vLLM's proposer drives it.
+
+The reference is a transcription of vLLM's ``SuffixDecodingProposer.propose`` (``vllm/v1/spec_decode/
+suffix_decoding.py``: a request's prompt starts it, each step's sampled tokens are added before it speculates on the
+last ``max_tree_depth`` tokens with ``max_spec_tokens`` = γ) replayed over the token streams our engine produced;
+negative controls show the comparison tells other conventions apart (outputs added only when a request ends, as our
+earlier implementation did; no global cache). Worked examples check upstream's own definition (every match length
+scored by the sum of its tokens' count ratios, drafts capped at ``max_spec_factor × match``, ``min_token_prob``)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from arctic_inference.suffix_decoding import SuffixDecodingCache
 from conftest import tiny_llama
 from test_engine import hf_greedy
 
-from specdraft_eval.drafts.suffix import KIND, MIN_PROB, _best_first
-from specdraft_eval.engine.loop import speculative_generate, speculative_generate_batch
+from specdraft_eval.drafts.spec import DraftSpec
+from specdraft_eval.drafts.suffix import KIND, SuffixDrafter
+from specdraft_eval.engine.loop import speculative_generate_batch
 from specdraft_eval.engine.sampling import Sampler
 from specdraft_eval.errors import SpecdecError
 
 
-def _paths(proposal) -> dict[tuple[int, ...], int]:
-    paths: list[tuple[int, ...]] = []
-    for token, parent in zip(proposal.tokens, proposal.tree, strict=True):
-        paths.append((paths[parent] if parent >= 0 else ()) + (token,))
-    return {path: i for i, path in enumerate(paths)}
+class Recording(SuffixDrafter):
+    """Our drafter, logging (request, tokens, budget, drafted tokens) at every step of every row."""
+
+    def __init__(self, cache, log: list) -> None:
+        super().__init__(cache)
+        self.log = log
+
+    def fork(self) -> Recording:
+        return Recording(self.cache, self.log)
+
+    def propose(self, tokens, num_tokens, sampler):
+        proposal = super().propose(tokens, num_tokens, sampler)
+        self.log.append((self.request, list(tokens), num_tokens, proposal.tokens))
+        return proposal
 
 
-def test_the_longest_earlier_suffix_proposes_what_followed_it_as_a_counted_tree():
-    draft = KIND.load("local", None)
-    # "0 9 1 2 3" occurred twice before (then 5 6 7 8 0, then 4 6 7 8 10); "1 2 3" once more at the start (then
-    # 4), which the longer matches overrule
-    tokens = [1, 2, 3, 4, 0, 9, 1, 2, 3, 5, 6, 7, 8, 0, 9, 1, 2, 3, 4, 6, 7, 8, 10, 0, 9, 1, 2, 3]
-    proposal = draft.propose(tokens, 16, Sampler())
-    # match length 5: at most 5 deep; each branch holds half the occurrences (>= MIN_PROB)
-    assert set(_paths(proposal)) == {(5,), (5, 6), (5, 6, 7), (5, 6, 7, 8), (5, 6, 7, 8, 0), (4,), (4, 6),
-                                     (4, 6, 7), (4, 6, 7, 8), (4, 6, 7, 8, 10)}
-    assert proposal.tokens[:2] == [5, 4]  # best-first: both depth-1 nodes (p = 0.5) before any deeper one
-    assert len(draft.propose(tokens, 3, Sampler()).tokens) == 3  # the budget caps the nodes
-    chain = draft.propose([7, 1, 2, 3, 1, 2], 8, Sampler())  # one occurrence of "1 2" (length 2): 2 deep
-    assert chain.parents is None and chain.tokens == [3, 1]
-    assert draft.propose([1, 2, 3, 4], 8, Sampler()).tokens == []  # "3 4" never occurred before
+def vllm_replay(log: list, max_tree_depth: int = 24, max_cached_requests: int = 10000, max_spec_factor: float = 1.0,
+                min_token_prob: float = 0.1, add_when_done: bool = False) -> list[list[int]]:
+    """What vLLM's proposer drafts at each logged step (its ``propose``, transcribed): a request not yet active
+    starts with its prompt; the tokens sampled since its last step are added, then it speculates. ``add_when_done``
+    (a negative control): responses join the global cache only once their request has ended."""
+    cache = SuffixDecodingCache(max_tree_depth=max_tree_depth, max_cached_requests=max_cached_requests)
+    seen: dict[int, int] = {}  # request -> tokens the cache has
+    pending: dict[int, list[int]] = {}
+    drafts = []
+    for request, tokens, budget, _ in log:
+        if request not in cache.active_requests:
+            for finished, response in pending.items():  # (the control) earlier requests' outputs, now
+                if finished != request and response and finished in cache.active_requests:
+                    cache.add_active_response(finished, response)
+                    pending[finished] = []
+            cache.start_request(request, tokens)
+            seen[request] = len(tokens)
+        sampled = tokens[seen[request]:]
+        seen[request] = len(tokens)
+        if sampled and add_when_done:
+            pending[request] = pending.get(request, []) + sampled
+        elif sampled:
+            cache.add_active_response(request, sampled)
+        draft = cache.speculate(request, tokens[-max_tree_depth:], max_spec_tokens=budget,
+                                max_spec_factor=max_spec_factor, min_token_prob=min_token_prob)
+        drafts.append(list(draft.token_ids))
+    return drafts
 
 
-@pytest.mark.parametrize("occurrences", [9, 12])
-def test_continuations_less_likely_than_min_prob_are_left_out(occurrences):
-    continuations = [[7, 8] if i == 3 else [5, 6] for i in range(occurrences)]  # 5 6 every time but once
-    proposal = _best_first(continuations, 8)
-    assert proposal.tokens[:2] == [5, 6]
-    assert (proposal.tokens[2:] == [7, 8]) == (1 / occurrences >= MIN_PROB)
+def _stream(arg: str | None, rows: int, passes: int = 2) -> tuple[list, list[list[int]]]:
+    """Our engine's log over ``passes`` runs of the same prompts (the later ones find the earlier outputs)."""
+    target = tiny_llama(seed=3)
+    log: list = []
+    draft = Recording(KIND.load(arg, None).cache, log)
+    prompts = [[2 + i, 9, 9, 4, 2 + i, 9, 5] for i in range(rows)]
+    expected = [hf_greedy(target, torch.tensor([p]), 48) for p in prompts]
+    for _ in range(passes):
+        out, _ = speculative_generate_batch(target, draft, prompts, 48, num_draft_tokens=8)
+        assert out == expected  # lossless, whatever it drafts
+    return log, [entry[3] for entry in log]
 
 
-def test_earlier_outputs_of_the_run_are_searched_and_not_concurrent_ones():
-    target = tiny_llama(seed=0)
+@pytest.mark.parametrize("rows", [1, 3])
+def test_suffix_drafts_what_vllms_proposer_drafts_on_the_same_stream(rows):
+    log, ours = _stream(None, rows)
+    assert sum(map(len, ours)) > 50 and len({entry[0] for entry in log}) == 2 * rows
+    assert ours == vllm_replay(log)
+    # negative controls: the comparison tells these conventions apart on this stream
+    assert ours != vllm_replay(log, add_when_done=True)  # outputs added only once a request ends
+    assert ours != vllm_replay(log, max_cached_requests=0)  # no global cache of earlier outputs
+    assert ours != vllm_replay(log, max_spec_factor=2.0)
+
+
+def test_parameters_reach_the_cache_as_vllm_passes_them():
+    log, ours = _stream("?max_tree_depth=12&max_spec_factor=0.5&min_token_prob=0.3", 2)
+    assert ours == vllm_replay(log, max_tree_depth=12, max_spec_factor=0.5, min_token_prob=0.3)
+    assert ours != vllm_replay(log)
+    log, ours = _stream("?max_cached_requests=0", 2)
+    assert ours == vllm_replay(log, max_cached_requests=0)
+
+
+def test_upstreams_definition_on_worked_examples():
+    """[1 2 3 4 5 1 2 3]: every match length ends in a token followed once of twice (the other at the end), so each
+    drafted token is 0.5 likely; the draft is capped at the match length (factor 1): "3" drafts [4], "2 3" [4 5],
+    "1 2 3" [4 5 1] with the best score (1.5); the longest match wins ties."""
     draft = KIND.load(None, None)
-    prompt = [3, 4, 5]
-    first, _ = speculative_generate(target, draft, prompt, 24, num_draft_tokens=4)
-    local = KIND.load("local", None)
-    context = [60, 61, *first[4:6]]  # a bigram of the first output, in a new prompt
+    assert draft.propose([1, 2, 3, 4, 5, 1, 2, 3], 8, Sampler()).tokens == [4, 5, 1]
+    assert draft.propose([1, 2, 3, 4, 5, 1, 2, 3], 2, Sampler()).tokens == [4, 5]  # γ caps it
+    cache = SuffixDecodingCache(max_tree_depth=24)
+    cache.start_request(0, [1, 2, 3, 4, 5, 1, 2, 3])
+    best = cache.speculate(0, [1, 2, 3, 4, 5, 1, 2, 3], max_spec_tokens=8)
+    assert (best.token_ids, best.probs, best.score, best.match_len) == ([4, 5, 1], [0.5] * 3, 1.5, 3)
+    # "3 7 8" occurred 3 times before (then 9, 9, 6) and once at the end: 9 is 2/4 likely, 6 1/4, and after "3 7 8 9"
+    # 0 and 1 are 1/4 each; the draft is at most 3 long (the match is)
+    corpus = [3, 7, 8, 9, 0, 3, 7, 8, 9, 1, 3, 7, 8, 6, 2, 3, 7, 8]
+    cache.start_request(1, corpus)
+    path = cache.speculate(1, corpus, max_spec_tokens=8)
+    assert (path.token_ids[0], path.probs, path.score, path.match_len) == (9, [0.5, 0.25, 0.25], 1.0, 3)
+    assert cache.speculate(1, corpus, max_spec_tokens=8, min_token_prob=0.3).token_ids == [9]
+    tree = cache.speculate(1, corpus, max_spec_tokens=8, use_tree_spec=True)
+    assert tree.token_ids[0] == 9 and sorted(tree.probs) == [0.25, 0.25, 0.5] and tree.score == 1.0
+    assert KIND.load(None, None).propose(corpus, 8, Sampler()).tokens == path.token_ids
+    ours = KIND.load("tree", None).propose(corpus, 8, Sampler())
+    assert ours.tokens == tree.token_ids and ours.tree == tree.parents
+
+
+def test_responses_join_the_cache_as_they_are_generated_and_the_record_counts_them():
+    draft = KIND.load(None, None)
+    draft.propose([5, 6, 7], 4, Sampler())
+    draft.propose([5, 6, 7, 8, 9, 10], 4, Sampler())  # 8 9 10 generated: in the global cache already
+    other = draft.fork()
+    assert other.propose([40, 8, 9], 4, Sampler()).tokens == [10]  # another row finds them at once
+    state = draft.describe()["suffix_cache"]
+    assert (state["tokens_at_start"], state["tokens_at_end"], state["warm"]) == (0, 3, False)
+    assert not state["persisted_across_runs"]
     draft.reset()
-    assert draft.propose(context, 4, Sampler()).tokens[:1] == first[6:7]
-    assert local.propose(context, 4, Sampler()).tokens == []
-    # a batch: rows see the outputs of earlier generations, then their own rows' only after the batch
-    twin = KIND.load(None, None)
-    rows = [[3, 4, 5], [9, 8, 7, 6]]
-    out, _ = speculative_generate_batch(target, twin, rows, 20, num_draft_tokens=4)
-    forked = twin.fork()
-    forked.reset()
-    stored = list(forked.corpus.outputs)  # each row's output up to its last drafting step (≤ γ + 1 short)
-    assert len(stored) == len(rows)
-    assert all(any(o[:len(s)] == s and len(o) - 5 <= len(s) < len(o) for o in out) for s in stored)
+    assert KIND.load(None, None).describe()["suffix_cache"]["tokens_at_end"] == 0  # a new run starts empty
 
 
 @pytest.mark.parametrize("rows", [1, 4])
-@pytest.mark.parametrize("arg", [None, "local"])
+@pytest.mark.parametrize("arg", [None, "tree", "?max_cached_requests=0"])
 def test_suffix_decodes_as_the_target_does(rows, arg):
     target = tiny_llama(seed=1)
     prompts = [[2 + i, 7, 7, 9, 2 + i, 7] for i in range(rows)]
@@ -79,16 +149,35 @@ def test_suffix_decodes_as_the_target_does(rows, arg):
         assert out == expected and stats.accepted_tokens > 0
 
 
-def test_a_bad_suffix_option_is_one_line():
-    with pytest.raises(SpecdecError, match="draft=suffix:local"):
-        KIND.load("global", None)
+def test_settings_parse_name_and_refuse_in_one_line():
+    assert DraftSpec.parse("suffix:tree?min_token_prob=0.2&max_tree_depth=64").value.name == \
+        "suffix:tree?max_tree_depth=64&min_token_prob=0.2"  # the record's name: non-defaults, in one order
+    assert KIND.load(None, None).name == "suffix" and not KIND.load(None, None).drafts_trees
+    assert KIND.load("tree", None).drafts_trees
+    for bad, message in [("global", "draft=suffix:tree"), ("?max_tree_depth=x", "not an integer"),
+                         ("?depth=3", "max_tree_depth=..."), ("?min_token_prob=2", "out of range")]:
+        with pytest.raises(SpecdecError, match=message):
+            KIND.load(bad, None)
+    parsed = DraftSpec.parse("suffix|prompt-lookup:2-3")
+    assert parsed.with_parameters({"max_tree_depth": "32"}) == "suffix?max_tree_depth=32|prompt-lookup:2-3"
+    with pytest.raises(SpecdecError, match="setting of draft kind 'suffix'"):
+        DraftSpec.parse("prompt-lookup").with_parameters({"min_token_prob": 0.2})
 
 
-def test_a_zoo_ngram_directory_seeds_the_corpus(tmp_path):
+def test_model_args_fold_into_the_draft_string():
+    from specdraft_eval.integration.model_args import SpecdecArgs
+
+    args = {"draft": "suffix:tree", "max_tree_depth": 64, "min_token_prob": "0.2", "dtype": "float32"}
+    assert SpecdecArgs.take(args).draft == "suffix:tree?max_tree_depth=64&min_token_prob=0.2"
+    assert args == {"dtype": "float32"}  # the rest is the hf model's
+    with pytest.raises(SpecdecError, match="draft 'auto' has no part"):
+        SpecdecArgs.take({"draft": "auto", "max_spec_factor": 2})
+
+
+def test_a_zoo_ngram_directory_warms_the_cache(tmp_path):
     from conftest import word_tokenizer
 
     from specdraft_eval.drafts.ngram import save_continuations
-    from specdraft_eval.drafts.spec import DraftSpec
     from specdraft_eval.models.targets import Target
 
     tokenizer = word_tokenizer(["a", "b", "c"])
@@ -96,6 +185,11 @@ def test_a_zoo_ngram_directory_seeds_the_corpus(tmp_path):
     draft = KIND.load(str(tmp_path), Target(tiny_llama(), tokenizer))
     assert draft.name == f"suffix:{tmp_path}"
     assert draft.propose([1, 2, 6, 7], 4, Sampler()).tokens == [8, 9]  # from the first request on
-    assert DraftSpec.parse(f"suffix:{tmp_path}").path() == tmp_path and DraftSpec.parse("suffix:local").path() is None
+    state = draft.describe()["suffix_cache"]
+    assert state["warm"] and state["tokens_at_start"] == 5 and state["warmed_from"] == str(tmp_path)
+    assert DraftSpec.parse(f"suffix:tree:{tmp_path}").value.warm_from == str(tmp_path)
+    assert DraftSpec.parse(f"suffix:{tmp_path}").path() == tmp_path and DraftSpec.parse("suffix").path() is None
     with pytest.raises(SpecdecError, match="zoo ngram"):
         KIND.load(str(tmp_path / "missing"), None)
+    with pytest.raises(SpecdecError, match="would warm nothing"):
+        KIND.load(f"{tmp_path}?max_cached_requests=0", None)

@@ -386,5 +386,5 @@ def test_tree_drafts_say_so_for_the_compiled_warm_up(target):
     assert not EagleDrafter(head, target, "e", None).drafts_trees
     assert prompt_lookup.KIND.load("3x2", None).drafts_trees and not prompt_lookup.KIND.load("3", None).drafts_trees
     assert NGramDrafter([[1, 2, 3]], branches=2).drafts_trees and not NGramDrafter([[1, 2, 3]]).drafts_trees
-    assert suffix.KIND.load(None, None).drafts_trees
-    assert CompositeDrafter([prompt_lookup.KIND.load("3", None), suffix.KIND.load(None, None)]).drafts_trees
+    assert suffix.KIND.load("tree", None).drafts_trees and not suffix.KIND.load(None, None).drafts_trees
+    assert CompositeDrafter([prompt_lookup.KIND.load("3", None), suffix.KIND.load("tree", None)]).drafts_trees

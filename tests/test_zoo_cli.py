@@ -34,7 +34,7 @@ def test_list_catalog():
     data = zoo_json("list")
     families = {d["family"] for d in data["drafts"]}
     assert {"llama2", "llama3", "vicuna", "opt", "qwen2.5", "smollm2", "gemma2"} <= families
-    assert {d["name"] for d in data["kinds"]} >= {"prompt-lookup[:[MIN-]N][xB]", "layers:SPEC", "suffix[:local|:DIR]"}
+    assert {d["name"] for d in data["kinds"]} >= {"prompt-lookup[:[MIN-]N][xB]", "layers:SPEC", "suffix[:tree][:DIR]"}
     only = zoo_json("list", "--target", "meta-llama/Llama-3.1-8B-Instruct")["drafts"]
     assert {d["family"] for d in only} == {"llama3"}
     table = run_cli("zoo", "list", "--target", "smollm2-135m-instruct")

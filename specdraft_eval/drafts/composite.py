@@ -49,6 +49,9 @@ class CompositeDrafter(DrafterBase):
                 return proposal
         return Proposal([])
 
+    def describe(self) -> dict:
+        return {name: state for part in self.parts for name, state in part.describe().items()}
+
     def catch_up(self, tokens: list[int]) -> int:
         """Every part catches up (the most positions any part read)."""
         return max(part.catch_up(tokens) for part in self.parts)

@@ -59,6 +59,9 @@ class DraftKind:
     usage: str = ""
     summary: str = ""
     path_marker: str | None = None
+    parameters: tuple[str, ...] = ()
+    """Settings of the kind that model_args may also give (``max_tree_depth=64``), folded into the draft string by
+    :meth:`with_parameters`, so that the string alone names the configuration measured."""
 
     def parse(self, arg: str | None) -> Any:
         """The argument as this kind's typed value, validated (a one-line error naming the fix). Default: as is."""
@@ -79,6 +82,10 @@ class DraftKind:
     def canonical(self, value: Any, written: str) -> str:
         """The draft's canonical string (``written`` is the string as given)."""
         return written
+
+    def with_parameters(self, value: Any, given: dict) -> str:
+        """The draft string of ``value`` with ``given`` (some of :attr:`parameters`, from model_args) applied."""
+        raise NotImplementedError(f"draft kind {self.name!r} takes no parameters")
 
     def tree_depth(self, value: Any) -> int | None:
         """The depth of the token tree the draft grows one draft pass per depth (EAGLE-2), None for a chain."""

@@ -52,7 +52,9 @@ class DraftSpec:
         for name, kind in kinds.items():  # a directory a kind recognises, named on its own (e.g. `zoo ngram`'s)
             if kind.path_marker and (Path(os.path.expanduser(text)) / kind.path_marker).is_file():
                 return cls(name, text, value=kind.parse(text))
-        name, _, arg = text.partition(":")
+        head, query, settings = text.partition("?")  # KIND?settings: a kind's parameters, no argument needed
+        name, _, arg = head.partition(":")
+        arg += query + settings
         if name in kinds:
             return cls(name, arg or None, value=kinds[name].parse(arg or None))
         return cls(MODEL, text)
@@ -64,7 +66,7 @@ class DraftSpec:
             return SEPARATOR.join(part.name for part in self.parts)
         if self.kind == MODEL:
             return self.arg or ""
-        return self.kind + (f":{self.arg}" if self.arg else "")
+        return self.kind + ("" if not self.arg else self.arg if self.arg.startswith("?") else f":{self.arg}")
 
     def leaves(self) -> tuple[DraftSpec, ...]:
         """The non-composite parts (the spec itself when it is not a composite)."""
@@ -85,6 +87,25 @@ class DraftSpec:
             return DraftSpec(MODEL, str(path))
         shape = split_shape(self.arg or "")[1]
         return DraftSpec.parse(f"{self.kind}:{path}" + ("" if shape is None else "@" + shape))
+
+    def with_parameters(self, given: dict, kinds: dict[str, DraftKind] | None = None) -> str:
+        """The draft string with kind parameters from model_args (``given``: name -> value) applied to every part
+        of a kind that takes them, or a one-line error naming a parameter no part takes."""
+        kinds = draft_kinds() if kinds is None else kinds
+        if not given:
+            return self.name
+        takes = {name: kind for kind in kinds.values() for name in kind.parameters}
+        parts = []
+        for leaf in self.leaves():
+            kind = kinds.get(leaf.kind)
+            mine = {name: value for name, value in given.items() if kind is not None and name in kind.parameters}
+            parts.append(kind.with_parameters(leaf.value, mine) if mine else leaf.name)
+        applied = {name for leaf in self.leaves() if leaf.kind in kinds for name in kinds[leaf.kind].parameters}
+        for name in given:
+            if name not in applied:
+                raise SpecdecError(f"model_args {name} is a setting of draft kind {takes[name].name!r}, which draft "
+                                   f"{self.name!r} has no part of: name a {takes[name].name} draft or leave it out")
+        return SEPARATOR.join(parts)
 
     @classmethod
     def composite(cls, parts: list[DraftSpec]) -> DraftSpec:

@@ -1,20 +1,27 @@
-"""``suffix``: suffix decoding (ArcticInference's, vLLM's ``method: suffix``), no model.
+"""``suffix``: suffix decoding as vLLM's ``method: suffix`` runs it, on the same engine: ArcticInference's
+``SuffixDecodingCache`` (``arctic_inference.suffix_decoding``, a C++ suffix tree; installed by ``scripts/setup.sh``).
 
-Where did the text's current suffix occur before, and what followed it there? Each step finds the earlier
-occurrences of the longest suffix of the sequence that occurred before (up to :data:`MAX_MATCH` tokens), in the
-request's own prompt and output and in the outputs of the run's earlier requests (``suffix``; ``suffix:local``:
-the request's own text only; ``suffix:DIR``: also the target's own continuations of held-in prompts that ``zoo
-ngram`` saved, the data of the n-gram draft, so that the first requests of a run find earlier outputs too), and
-proposes what followed them as a token tree: a node's probability is the share
-of the occurrences that continue through it (counts, as in a suffix tree's nodes), the tree grows best-first by
-probability down to :data:`MIN_PROB`, at most as deep as the match is long, and at most γ nodes.
+One cache per drafter, shared by every row of every batch (vLLM's proposer keeps one per engine): each request's
+prompt goes into a tree of its own (``start_request``), every token it generates goes into that tree and into the
+global tree of responses as soon as it is generated (``add_active_response``, as vLLM calls it each step), and each
+step drafts ``speculate(context = the last max_tree_depth tokens, max_spec_tokens = γ, max_spec_factor,
+max_spec_offset, min_token_prob, use_tree_spec)``: for every match length the continuation with the best score (the
+sum of its tokens' estimated probabilities, counts in the tree), at most ``max_spec_factor × match + offset``
+tokens, each at least ``min_token_prob`` likely; the request's own tree and the global one compete by score.
+
+``suffix`` drafts a path (what vLLM runs), ``suffix:tree`` Arctic's best-first token tree (``use_tree_spec``);
+``suffix:DIR`` (or ``suffix:tree:DIR``) warms the global cache with the target's own continuations a ``zoo ngram``
+directory holds, so the first requests find earlier outputs too. The upstream parameters, at vLLM's defaults, are
+model_args (``max_tree_depth=64,...``) or the draft string's query (``suffix:tree?max_tree_depth=64``), which is
+also how the record names any that differ from the defaults. Nothing persists across runs: each run's cache starts
+empty (or with DIR only); the record's ``draft_state.suffix_cache`` gives its tokens at the start and the end.
 """
 
 from __future__ import annotations
 
-import heapq
 import os
-from collections import deque
+import weakref
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from specdraft_eval.drafts.kind import Candidate, DraftKind
@@ -24,183 +31,226 @@ from specdraft_eval.engine.sampling import Sampler
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.models.targets import Target
 
-MAX_MATCH = 32  # the longest suffix matched
-MIN_PROB = 0.1  # ArcticInference's min_token_prob: no node less likely than this
-OCCURRENCES = 64  # the most recent occurrences of a suffix that are read
-CORPUS_TOKENS = 200_000  # earlier outputs kept for the whole run (oldest dropped first)
+TREE = "tree"
+INSTALL = ("pip install nanobind==2.9.2 && CMAKE_ARGS=-DPython_EXECUTABLE=$(which python) "
+           "pip install --no-build-isolation --no-deps arctic-inference==0.3.0")
 
 
-class Text:
-    """A growing token sequence with the positions after each of its bigrams (where a match may continue)."""
+@dataclass(frozen=True)
+class SuffixSettings:
+    """A ``suffix`` draft: the mode, the warm start, and ArcticInference's parameters at vLLM's defaults
+    (``vllm/config/speculative.py``; vLLM passes no ``max_spec_offset``, so 0)."""
 
-    def __init__(self) -> None:
-        self.tokens: list[int] = []
-        self.after: dict[tuple[int, int], list[int]] = {}
+    tree: bool = False  # use_tree_spec: Arctic's token tree; False: a path, what vLLM's proposer drafts
+    warm_from: str | None = None  # a `zoo ngram` directory whose continuations enter the global cache first
+    max_tree_depth: int = 24
+    max_spec_factor: float = 1.0
+    max_spec_offset: float = 0.0
+    min_token_prob: float = 0.1
+    max_cached_requests: int = 10000  # FIFO eviction past it; 0: no global cache (the request's own text only)
 
-    def extend(self, tokens: list[int]) -> None:
-        start = len(self.tokens)
-        self.tokens += tokens
-        for end in range(max(2, start), len(self.tokens)):  # a bigram with a token after it
-            self.after.setdefault((self.tokens[end - 2], self.tokens[end - 1]), []).append(end)
+    @property
+    def query(self) -> str:
+        """The parameters that differ from the defaults, as the draft string's ``?name=value&...``."""
+        changed = [f"{f.name}={getattr(self, f.name)}" for f in fields(self)[2:]
+                   if getattr(self, f.name) != f.default]
+        return "?" + "&".join(changed) if changed else ""
 
-    def matches(self, context: list[int]) -> list[tuple[int, int]]:
-        """(match length, position after it) for the latest :data:`OCCURRENCES` earlier occurrences of
-        ``context``'s last two tokens, each extended backwards as far as it agrees with ``context``."""
-        if len(context) < 2:
-            return []
-        found = []
-        for end in self.after.get((context[-2], context[-1]), [])[-OCCURRENCES:]:
-            length = 2
-            while (length < MAX_MATCH and length < end and length < len(context)
-                   and self.tokens[end - length - 1] == context[-length - 1] >= 0):
-                length += 1
-            found.append((length, end))
-        return found
+    @property
+    def name(self) -> str:
+        return "suffix" + (f":{TREE}" if self.tree else "") + (f":{self.warm_from}" if self.warm_from else "") \
+            + self.query
 
 
-class Corpus:
-    """The run's earlier outputs, shared by every row's drafter: a row's output joins it when the next
-    generation begins (so no request sees a later or a concurrent one); the oldest go first past
-    :data:`CORPUS_TOKENS`."""
+PARAMETERS = tuple(f.name for f in fields(SuffixSettings)[2:])
 
-    def __init__(self) -> None:
-        self.text = Text()
-        self.outputs: deque[list[int]] = deque()
-        self.running: list[tuple[list[int], int]] = []  # (a row's tokens, its prompt length)
 
-    def begin(self) -> None:
-        """A generation begins: add every finished one's output first."""
-        for row, prompt in self.running:
-            if len(row) > prompt:
-                self.add(row[prompt:])
-        self.running = [(row, prompt) for row, prompt in self.running if len(row) <= prompt]
+INTEGERS = ("max_tree_depth", "max_cached_requests")
 
-    def track(self, tokens: list[int], prompt: int) -> None:
-        """Read ``tokens`` (a row's growing sequence, its first ``prompt`` the prompt) when the next generation
-        begins."""
-        self.running.append((tokens, prompt))
 
-    def add(self, output: list[int]) -> None:
-        self.outputs.append(output)
-        total = sum(map(len, self.outputs))
-        if total > CORPUS_TOKENS:
-            while total > CORPUS_TOKENS // 2:
-                total -= len(self.outputs.popleft())
-            self.text = Text()
-            for kept in self.outputs:
-                self.text.extend([-1, *kept])
-        else:
-            self.text.extend([-1, *output])  # -1: no match crosses from one output to the next
+def _number(name: str, text: str) -> int | float:
+    """A parameter's value from its text, range-checked, or a one-line error."""
+    try:
+        value = int(text) if name in INTEGERS else float(text)
+    except ValueError:
+        raise SpecdecError(f"suffix setting {name}={text!r} is not {'an integer' if name in INTEGERS else 'a number'}"
+                           f": use e.g. {name}={getattr(SuffixSettings, name)}") from None
+    if (name == "max_tree_depth" and value < 1 or name == "min_token_prob" and not 0 <= value <= 1
+            or name in ("max_spec_factor", "max_spec_offset") and value < 0):
+        raise SpecdecError(f"suffix setting {name}={text} is out of range: max_tree_depth >= 1, 0 <= min_token_prob "
+                           "<= 1, max_spec_factor and max_spec_offset >= 0")
+    return value
+
+
+def parse_settings(arg: str | None) -> SuffixSettings:
+    """``[tree][:DIR][?name=value&...]`` (each part optional) as :class:`SuffixSettings`, or a one-line error."""
+    head, _, query = (arg or "").partition("?")
+    mode, _, rest = head.partition(":")
+    tree = mode == TREE
+    where = (rest if tree else head) or None
+    given: dict = {}
+    for item in filter(None, query.split("&")):
+        name, equals, value = item.partition("=")
+        if name not in PARAMETERS or not equals:
+            raise SpecdecError(f"bad suffix setting {item!r}: use {', '.join(n + '=...' for n in PARAMETERS)}")
+        given[name] = _number(name, value)
+    settings = SuffixSettings(tree, where, **given)
+    if where is not None and settings.max_cached_requests == 0:
+        raise SpecdecError(f"draft {settings.name}: max_cached_requests=0 keeps no global cache, so {where} would "
+                           "warm nothing: leave one out")
+    return settings
+
+
+def with_parameters(settings: SuffixSettings, given: dict) -> SuffixSettings:
+    """``settings`` with model_args' values (strings or numbers) for the named parameters."""
+    return replace(settings, **{name: _number(name, str(value)) for name, value in given.items()})
+
+
+class SuffixCache:
+    """One run's ``SuffixDecodingCache``, shared by every row's drafter, and the response tokens it holds."""
+
+    def __init__(self, settings: SuffixSettings, warm: list[list[int]]) -> None:
+        try:
+            from arctic_inference.suffix_decoding import SuffixDecodingCache
+        except ImportError:
+            raise SpecdecError("draft=suffix runs ArcticInference's suffix tree (vLLM's), which is not installed: "
+                               f"run scripts/setup.sh, or {INSTALL}") from None
+        self.settings = settings
+        self.cache = SuffixDecodingCache(settings.max_tree_depth, settings.max_cached_requests)
+        self.sizes: dict[int, int] = {}  # request id -> response tokens added
+        self.owners: dict[int, weakref.ref] = {}  # active request -> its drafter
+        self.next_id = 0
+        for sequence in warm:  # earlier responses, as vLLM's cache would hold them
+            request = self.start([], None)
+            self.add(request, sequence)
+            self.stop(request)
+        self.tokens_at_start = self.tokens
+
+    @property
+    def tokens(self) -> int:
+        """Response tokens in the global cache now."""
+        return sum(self.sizes.get(request, 0) for request in self.cache.cached_requests)
+
+    def start(self, prompt: list[int], owner: SuffixDrafter | None) -> int:
+        """A new request with ``prompt``; requests whose drafter is gone (a finished row's) stop first."""
+        for request, ref in list(self.owners.items()):
+            drafter = ref()
+            if drafter is None or drafter.request != request:
+                self.stop(request)
+        request, self.next_id = self.next_id, self.next_id + 1
+        self.cache.start_request(request, prompt)
+        if owner is not None:
+            self.owners[request] = weakref.ref(owner)
+        return request
+
+    def add(self, request: int, tokens: list[int]) -> None:
+        if tokens:
+            self.cache.add_active_response(request, tokens)
+            self.sizes[request] = self.sizes.get(request, 0) + len(tokens)
+
+    def stop(self, request: int) -> None:
+        self.owners.pop(request, None)
+        if request in self.cache.active_requests:
+            self.cache.stop_request(request)
+        self.sizes = {r: n for r, n in self.sizes.items() if r in self.cache.cached_requests or r == request}
+
+    def state(self) -> dict:
+        """What the record reports of the corpus: tokens at the run's start and now, whether it started warm."""
+        return {"tokens_at_start": self.tokens_at_start, "tokens_at_end": self.tokens,
+                "requests_cached": len(self.cache.cached_requests), "warm": self.tokens_at_start > 0,
+                "warmed_from": self.settings.warm_from, "persisted_across_runs": False}
 
 
 class SuffixDrafter(DrafterBase):
-    """Suffix decoding over the request's text and (``corpus``) the run's earlier outputs."""
+    """One row's requests on the shared :class:`SuffixCache`: a request starts at a generation's first draft,
+    its new tokens join the cache at every later one, and it stops when the row resets."""
 
-    drafts_trees = True
-
-    def __init__(self, corpus: Corpus | None, name: str) -> None:
-        self.corpus, self.name = corpus, name
-        self.reset()
+    def __init__(self, cache: SuffixCache) -> None:
+        self.cache, self.settings = cache, cache.settings
+        self.name = self.settings.name
+        self.drafts_trees = self.settings.tree
+        self.request: int | None = None
+        self.known: list[int] = []  # the tokens the cache has of this request (its last one checked)
 
     def reset(self, capacity: int | None = None) -> None:
-        self.text = Text()  # this generation's sequence (the corpus reads its tokens once the next one begins)
-        if self.corpus is not None:
-            self.corpus.begin()
+        if self.request is not None:
+            self.cache.stop(self.request)
+        self.request, self.known = None, []
 
     def fork(self) -> SuffixDrafter:
-        return SuffixDrafter(self.corpus, self.name)
+        return SuffixDrafter(self.cache)
 
     def propose(self, tokens: list[int], num_tokens: int, sampler: Sampler) -> Proposal:
-        known = self.text.tokens
-        if known and (len(tokens) < len(known) or tokens[len(known) - 1] != known[-1]):  # not this generation's
-            self.reset()
-        if not self.text.tokens and self.corpus is not None:
-            self.corpus.track(self.text.tokens, len(tokens))
-        self.text.extend(tokens[len(self.text.tokens):])
-        sources = [self.text] + ([self.corpus.text] if self.corpus is not None else [])
-        found = [(length, text, end) for text in sources for length, end in text.matches(tokens)
-                 if end < len(text.tokens)]
-        if not found or num_tokens < 1:
+        known = len(self.known)
+        if self.request is not None and (len(tokens) < known or tokens[known - 1] != self.known[-1]):
+            self.reset()  # another generation's tokens: this one ended
+        if self.request is None:
+            self.request = self.cache.start(tokens, self)
+        else:
+            self.cache.add(self.request, tokens[known:])
+        self.known = tokens
+        if num_tokens < 1:
             return Proposal([])
-        longest = max(length for length, _, _ in found)
-        depth = min(num_tokens, longest)  # ArcticInference: speculate at most as far as the match is long
-        continuations = [text.tokens[end:end + depth] for length, text, end in found if length == longest]
-        return _best_first([[t for t in c[:next((i for i, t in enumerate(c) if t < 0), len(c))]]
-                            for c in continuations], num_tokens)
+        s = self.settings
+        draft = self.cache.cache.speculate(self.request, tokens[-s.max_tree_depth:], max_spec_tokens=num_tokens,
+                                           max_spec_factor=s.max_spec_factor, max_spec_offset=s.max_spec_offset,
+                                           min_token_prob=s.min_token_prob, use_tree_spec=s.tree)
+        chain = all(parent == i - 1 for i, parent in enumerate(draft.parents))
+        return Proposal(list(draft.token_ids), parents=None if chain else list(draft.parents))
 
-
-def _best_first(continuations: list[list[int]], budget: int) -> Proposal:
-    """The continuations as a count-weighted trie, grown best-first by each node's share of them (its path's
-    probability), nodes at least :data:`MIN_PROB` likely, at most ``budget``."""
-    total = len(continuations)
-    tokens: list[int] = []
-    parents: list[int] = []
-    heap = [(-1.0, 0, -1, -1, tuple(range(total)))]  # (-probability, order, parent node, token, continuations)
-    order = 1
-    while heap and len(tokens) < budget:
-        negative, _, parent, token, members = heapq.heappop(heap)
-        node = -1
-        if token >= 0:
-            node = len(tokens)
-            tokens.append(token)
-            parents.append(parent)
-        depth = 0 if node < 0 else _depth(parents, node)
-        children: dict[int, list[int]] = {}
-        for i in members:
-            if depth < len(continuations[i]):
-                children.setdefault(continuations[i][depth], []).append(i)
-        for child, group in children.items():
-            probability = len(group) / total
-            if probability >= MIN_PROB:
-                heapq.heappush(heap, (-probability, order, node, child, tuple(group)))
-                order += 1
-    if all(p == i - 1 for i, p in enumerate(parents)):
-        return Proposal(tokens)
-    return Proposal(tokens, parents=parents)
-
-
-def _depth(parents: list[int], node: int) -> int:
-    depth = 0
-    while node >= 0:
-        node, depth = parents[node], depth + 1
-    return depth
+    def describe(self) -> dict:
+        return {"suffix_cache": self.cache.state()}
 
 
 class SuffixKind(DraftKind):
-    """``suffix`` (the request's text and the run's earlier outputs), ``suffix:local`` (the request's text only) and
-    ``suffix:DIR`` (also the target's own continuations an n-gram draft directory of ``zoo ngram`` holds, as
-    earlier outputs from the start). The value is None, ``"local"`` or DIR."""
+    """``suffix[:tree][:DIR][?name=value&...]``; the value is its :class:`SuffixSettings`."""
 
     name = "suffix"
-    usage = "suffix[:local|:DIR]"
-    summary = "suffix-tree lookup in the request and earlier outputs, a token tree (no model)"
+    usage = "suffix[:tree][:DIR]"
+    summary = "ArcticInference's suffix tree over the request and earlier outputs, as vLLM runs it (no model)"
+    parameters = PARAMETERS
 
-    def parse(self, arg: str | None) -> str | None:
-        return arg or None
+    def parse(self, arg: str | None) -> SuffixSettings:
+        return parse_settings(arg)
 
-    def build(self, value: str | None, target: Target) -> SuffixDrafter:
-        if value in (None, "local"):
-            return SuffixDrafter(None if value == "local" else Corpus(), "suffix" + (":local" if value else ""))
-        if not Path(os.path.expanduser(value)).is_dir():
-            raise SpecdecError(f"bad suffix option {value!r}: use draft=suffix (the request's text and the run's "
-                               "earlier outputs), draft=suffix:local (the request's text only) or draft=suffix:DIR "
-                               "(a directory `zoo ngram` built: its continuations as earlier outputs)")
-        corpus = Corpus()
-        for sequence in load_continuations(Path(os.path.expanduser(value)), target.tokenizer):
-            corpus.add(sequence)
-        return SuffixDrafter(corpus, f"suffix:{value}")
+    def canonical(self, value: SuffixSettings, written: str) -> str:
+        return value.name
 
-    def path(self, value: str | None) -> str | None:
-        return None if value in (None, "local") else value  # suffix:DIR reads a directory
+    def with_parameters(self, value: SuffixSettings, given: dict) -> str:
+        return with_parameters(value, given).name
+
+    def build(self, value: SuffixSettings, target: Target) -> SuffixDrafter:
+        warm = []
+        if value.warm_from is not None:
+            where = Path(os.path.expanduser(value.warm_from))
+            if not where.is_dir():
+                raise SpecdecError(f"bad suffix option {value.warm_from!r}: use draft=suffix (a path, what vLLM "
+                                   "drafts), draft=suffix:tree (ArcticInference's token tree) or "
+                                   "draft=suffix[:tree]:DIR (a directory `zoo ngram` built: its continuations warm "
+                                   "the cache)")
+            warm = load_continuations(where, target.tokenizer)
+        return SuffixDrafter(SuffixCache(value, warm))
+
+    def path(self, value: SuffixSettings) -> str | None:
+        return value.warm_from
 
     def candidates(self, target_layers: int) -> tuple[Candidate, ...]:
-        return (Candidate("suffix", (8, 16)),)
+        return (Candidate("suffix", (16,)), Candidate("suffix:tree", (16,)))
 
-    def vllm_config(self, value: str | None, num_draft_tokens: int, written: str) -> dict:
-        config = {"method": "suffix", "num_speculative_tokens": num_draft_tokens,
-                  "suffix_decoding_max_tree_depth": MAX_MATCH, "suffix_decoding_max_spec_factor": 1.0,
-                  "suffix_decoding_min_token_prob": MIN_PROB}
-        return config | ({"suffix_decoding_max_cached_requests": 0} if value == "local" else {})
+    def vllm_config(self, value: SuffixSettings, num_draft_tokens: int, written: str) -> dict:
+        """Exactly the configuration measured, or a one-line refusal naming what vLLM cannot run."""
+        differs = ("a token tree (vLLM's suffix proposer drafts a path)" if value.tree else
+                   f"a cache warmed from {value.warm_from} (vLLM's starts empty)" if value.warm_from else
+                   f"max_spec_offset={value.max_spec_offset:g} (vLLM passes 0)" if value.max_spec_offset else None)
+        if differs:
+            path = replace(value, tree=False, warm_from=None, max_spec_offset=0.0).name
+            raise SpecdecError(f"draft {written} measures {differs}, which vLLM's method: suffix does not run: "
+                               f"measure and serve draft={path}")
+        return {"method": "suffix", "num_speculative_tokens": num_draft_tokens,
+                "suffix_decoding_max_tree_depth": value.max_tree_depth,
+                "suffix_decoding_max_cached_requests": value.max_cached_requests,
+                "suffix_decoding_max_spec_factor": value.max_spec_factor,
+                "suffix_decoding_min_token_prob": value.min_token_prob}
 
 
 KIND = SuffixKind()

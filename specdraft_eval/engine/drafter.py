@@ -137,6 +137,11 @@ class Drafter(Protocol):
         """Drafting for a batch of ``count`` rows (the engine's only way in): one call drafts every row."""
         ...
 
+    def describe(self) -> dict:
+        """State the record reports beside the counters (e.g. a corpus's size at the run's start and end), by
+        name; {} for none."""
+        ...
+
 
 class Rows(Protocol):
     """A batch's drafting (cf. vLLM's proposers): every live row's state, one call per step for all of them. Row
@@ -220,6 +225,10 @@ class DrafterBase:
 
     def observe(self, features: torch.Tensor) -> None:
         """Nothing to read."""
+
+    def describe(self) -> dict:
+        """No state to report."""
+        return {}
 
     def rows(self, count: int) -> Rows:
         """Row by row (:class:`PerRow`): a kind that drafts every row in one pass overrides this."""

@@ -271,7 +271,7 @@ class SpecDecLM(HFLM):
             [d for s in self._sessions() for d in s.divergences],
             runtime=runtime_of(self.model, args.static_cache, args.compile), use_kernels=args.use_kernels,
             score=args.score, batch_size=max(self._largest_batch, 1),
-            tuning=self._tuner.trials if self._tuner else None)
+            tuning=self._tuner.trials if self._tuner else None, draft_state=session.drafter.describe())
 
     def specdec_info(self) -> dict:
         """The ``specdec`` block for the results file (on rank 0 of a data-parallel run: every rank's, merged)."""

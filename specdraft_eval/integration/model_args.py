@@ -9,6 +9,8 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from specdraft_eval.drafts.kind import draft_kinds
+from specdraft_eval.drafts.spec import DraftSpec
 from specdraft_eval.engine.params import GammaPolicy, RunSettings
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.models import kernels as kernel_paths
@@ -61,6 +63,10 @@ class SpecdecArgs:
     def take(cls, model_args: dict) -> SpecdecArgs:
         """Ours taken out of ``model_args`` (the rest is the hf model's) and checked, each with a one-line error."""
         given = {f.name: model_args.pop(f.name) for f in fields(cls) if f.name in model_args}
+        parameters = {name for kind in draft_kinds().values() for name in kind.parameters}
+        taken = {name: model_args.pop(name) for name in sorted(parameters) if name in model_args}
+        if taken:  # a kind's settings: into the draft string, which alone names the configuration
+            given["draft"] = DraftSpec.parse(given.get("draft", cls.draft)).with_parameters(taken)
         for name in ("baseline", "use_kernels", "static_cache", "compile", "dynamic_gamma"):
             if given.get(name) is not None:
                 given[name] = as_bool(name, given[name])

@@ -138,6 +138,7 @@ class SpecdecRecord:
     batch_size: int = 1  # the most requests decoded together
     tuning: list[Trial] = field(default_factory=list)  # draft=auto tuned inside the run: the configurations tried
     # on its first requests (their counters are here, not in per_task, which holds the chosen one's requests)
+    draft_state: dict = field(default_factory=dict)  # the drafter's own report (Drafter.describe), e.g. suffix_cache
 
     @property
     def current(self) -> bool:
@@ -149,13 +150,14 @@ class SpecdecRecord:
             per_task: dict[str, GenerationStats], draft_model=None,
             latencies: Latencies | None = None, baseline_mismatch_details: list[Divergence] | None = None, *,
             runtime: Runtime = Runtime(), use_kernels: bool = False, score: str = "target", batch_size: int = 1,
-            tuning: list[Trial] | None = None) -> SpecdecRecord:
+            tuning: list[Trial] | None = None, draft_state: dict | None = None) -> SpecdecRecord:
         """A record of a run on ``device`` now (hardware name and package versions filled in)."""
         facts = ModelFacts.of(draft_model)
         return cls(target, draft, num_draft_tokens, dynamic_gamma, hardware(device), versions(),
                    facts.parameters_m, facts.layers, dict(per_task), latencies,
                    list(baseline_mismatch_details or [])[:MAX_MISMATCH_DETAILS], runtime=runtime,
-                   use_kernels=use_kernels, score=score, batch_size=batch_size, tuning=list(tuning or []))
+                   use_kernels=use_kernels, score=score, batch_size=batch_size, tuning=list(tuning or []),
+                   draft_state=dict(draft_state or {}))
 
     @property
     def total(self) -> GenerationStats:
@@ -191,7 +193,8 @@ class SpecdecRecord:
                     for t in tasks}
         details = (self.baseline_mismatch_details + other.baseline_mismatch_details)[:MAX_MISMATCH_DETAILS]
         return replace(self, per_task=per_task, baseline_mismatch_details=details,
-                       processes=self.processes + other.processes, tuning=self.tuning + other.tuning)
+                       processes=self.processes + other.processes, tuning=self.tuning + other.tuning,
+                       draft_state=_merged_state(self.draft_state, other.draft_state))
 
     def predicted(self, stats: GenerationStats) -> float | None:
         """Tokens/s the analytical model predicts for ``stats``' counts from the separately measured latencies."""
@@ -234,6 +237,7 @@ class SpecdecRecord:
                            "speedup_with_tuning": self.with_tuning.speedup,
                            "tokens_per_second_with_tuning": self.with_tuning.tokens_per_second,
                            "trials": [t.to_json() for t in self.tuning]}} if self.tuning else {}),
+            **({"draft_state": self.draft_state} if self.draft_state else {}),
         }
 
     @classmethod
@@ -258,10 +262,27 @@ class SpecdecRecord:
                        Latencies.from_json(block["latencies"]) if block.get("latencies") else None, details,
                        int(block.get("processes", 1)), runtime, bool(block.get("use_kernels", False)),
                        ran.get("score") or "target", int(block["schema_version"]), int(block.get("batch_size", 1)),
-                       [Trial.from_json(t) for t in (block.get("tuning") or {}).get("trials", [])])
+                       [Trial.from_json(t) for t in (block.get("tuning") or {}).get("trials", [])],
+                       dict(block.get("draft_state") or {}))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise RecordError(f"{path}: malformed specdec record ({type(exc).__name__}: {exc}); "
                               "regenerate or remove it") from None
+
+
+def _merged_state(first: dict, second: dict) -> dict:
+    """Two runs' (or ranks') drafter reports as one: numbers added, anything else kept where both agree (else
+    both, as a list)."""
+    merged = dict(first)
+    for name, value in second.items():
+        if name not in merged:
+            merged[name] = value
+        elif isinstance(value, dict) and isinstance(merged[name], dict):
+            merged[name] = _merged_state(merged[name], value)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and type(merged[name]) is type(value):
+            merged[name] = merged[name] + value
+        elif merged[name] != value:
+            merged[name] = [merged[name], value]
+    return merged
 
 
 def _restore_mismatch_counts(per_task: dict[str, GenerationStats], total: int, details: list[Divergence]) -> None:
