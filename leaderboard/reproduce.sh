@@ -49,6 +49,9 @@ declare -A configs=(
   [eagle3-tree]="$target,draft=eagle:$drafts/smollm2-eagle3@8x6,num_draft_tokens=24"
   [suffix-ngram_eagle-tree]="$target,draft=suffix:$drafts/smollm2-ngram|eagle:$drafts/smollm2-eagle@2x4,num_draft_tokens=8"
   [suffix_eagle-tree]="$target,draft=suffix|eagle:$drafts/smollm2-eagle@2x4,num_draft_tokens=8"
+  # ArcticInference's hybrid: suffix where its draft's score reaches min_score, else the head's tree
+  [suffix-s1_eagle-tree]="$target,draft=suffix?min_score=1|eagle:$drafts/smollm2-eagle@2x4,num_draft_tokens=8"
+  [suffix-s3_eagle-tree]="$target,draft=suffix?min_score=3|eagle:$drafts/smollm2-eagle@2x4,num_draft_tokens=8"
   [prompt-lookup_eagle-tree]="$target,draft=prompt-lookup:2-3|eagle:$drafts/smollm2-eagle@2x4,num_draft_tokens=6"
   [as-target_smollm2-5l-distilled]="pretrained=$drafts/smollm2-5l-distilled,draft=prompt-lookup"  # its accuracy
   [auto]="$target,draft=auto"  # last: resolves from the runs above
@@ -62,7 +65,8 @@ done
 configs[sweep]="zoo profile --sweep"  # latency by depth and width on this machine (random weights)
 order=(prompt-lookup prompt-lookup_ngram ngram prompt-lookup-tree suffix suffix_16 suffix-tree suffix-ngram
        eagle prompt-lookup_eagle prompt-lookup_eagle_dynamic eagle-tree eagle-tree-large eagle3
-       eagle-tree-xl eagle3-tree suffix-ngram_eagle-tree suffix_eagle-tree prompt-lookup_eagle-tree layers_0-1 layers_0-4
+       eagle-tree-xl eagle3-tree suffix-ngram_eagle-tree suffix_eagle-tree suffix-s1_eagle-tree suffix-s3_eagle-tree
+       prompt-lookup_eagle-tree layers_0-1 layers_0-4
        layers_0-9 layers_uniform-2 layers_uniform-5 auto
        lm_target lm_layers_0-1 lm_layers_0-4 lm_layers_0-9 lm_layers_uniform-2 lm_layers_uniform-5)  # published
 extra=(layers_0-19 layers_0-24 layers_uniform-10 layers_bi-10 smollm2-5l-distilled smollm2-10l-distilled

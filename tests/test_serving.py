@@ -113,7 +113,7 @@ def test_trees_map_to_vllms_static_tree_and_sglangs_topk(tmp_path):
         "suffix_decoding_max_cached_requests": 10000, "suffix_decoding_max_spec_factor": 1.0,
         "suffix_decoding_min_token_prob": 0.2}
     for measured, differs in [("suffix:tree", "token tree"), ("suffix?max_spec_offset=2", "max_spec_offset=2"),
-                              (f"suffix:{tmp_path}", "warmed from")]:
+                              (f"suffix:{tmp_path}", "warmed from"), ("suffix?min_score=2", "min_score=2")]:
         with pytest.raises(SpecdecError, match=f"{differs}.*serve draft=suffix"):
             speculative_config(measured, 16)
     with pytest.raises(SpecdecError, match="serve prompt-lookup:3"):

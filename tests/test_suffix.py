@@ -124,6 +124,18 @@ def test_upstreams_definition_on_worked_examples():
     assert ours.tokens == tree.token_ids and ours.tree == tree.parents
 
 
+def test_min_score_leaves_weak_drafts_to_the_next_part_as_arctics_hybrid_does():
+    from specdraft_eval.drafts.composite import CompositeDrafter
+    from specdraft_eval.drafts.prompt_lookup import PromptLookupDrafter
+
+    tokens = [1, 2, 3, 4, 5, 1, 2, 3]  # suffix's best draft: [4 5 1], score 1.5
+    assert KIND.load("?min_score=1.5", None).propose(tokens, 8, Sampler()).tokens == [4, 5, 1]
+    assert KIND.load("?min_score=1.6", None).propose(tokens, 8, Sampler()).tokens == []
+    both = CompositeDrafter([KIND.load("?min_score=2", None), PromptLookupDrafter(3)])
+    assert both.propose(tokens, 8, Sampler()).tokens == PromptLookupDrafter(3).propose(tokens, 8, Sampler()).tokens
+    assert both.used == [0, 1]
+
+
 def test_responses_join_the_cache_as_they_are_generated_and_the_record_counts_them():
     draft = KIND.load(None, None)
     draft.propose([5, 6, 7], 4, Sampler())

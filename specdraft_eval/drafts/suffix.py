@@ -11,7 +11,10 @@ tokens, each at least ``min_token_prob`` likely; the request's own tree and the 
 
 ``suffix`` drafts a path (what vLLM runs), ``suffix:tree`` Arctic's best-first token tree (``use_tree_spec``);
 ``suffix:DIR`` (or ``suffix:tree:DIR``) warms the global cache with the target's own continuations a ``zoo ngram``
-directory holds, so the first requests find earlier outputs too. The upstream parameters, at vLLM's defaults, are
+directory holds, so the first requests find earlier outputs too. ``min_score`` (0: off) makes the draft propose
+only where its score reaches it, so that in ``suffix?min_score=2|eagle:DIR`` the head drafts the other steps, as
+ArcticInference's hybrid of suffix decoding and a model speculator does. The upstream parameters, at vLLM's
+defaults, are
 model_args (``max_tree_depth=64,...``) or the draft string's query (``suffix:tree?max_tree_depth=64``), which is
 also how the record names any that differ from the defaults. Nothing persists across runs: each run's cache starts
 empty (or with DIR only); the record's ``draft_state.suffix_cache`` gives its tokens at the start and the end.
@@ -48,6 +51,8 @@ class SuffixSettings:
     max_spec_offset: float = 0.0
     min_token_prob: float = 0.1
     max_cached_requests: int = 10000  # FIFO eviction past it; 0: no global cache (the request's own text only)
+    min_score: float = 0.0  # draft only when the draft's score reaches it (ArcticInference's hybrid with a model
+    # speculator: suffix where its score >= the speculator's tokens, else the model's draft); in A|B, B drafts then
 
     @property
     def query(self) -> str:
@@ -76,9 +81,9 @@ def _number(name: str, text: str) -> int | float:
         raise SpecdecError(f"suffix setting {name}={text!r} is not {'an integer' if name in INTEGERS else 'a number'}"
                            f": use e.g. {name}={getattr(SuffixSettings, name)}") from None
     if (name == "max_tree_depth" and value < 1 or name == "min_token_prob" and not 0 <= value <= 1
-            or name in ("max_spec_factor", "max_spec_offset") and value < 0):
+            or name in ("max_spec_factor", "max_spec_offset", "min_score") and value < 0):
         raise SpecdecError(f"suffix setting {name}={text} is out of range: max_tree_depth >= 1, 0 <= min_token_prob "
-                           "<= 1, max_spec_factor and max_spec_offset >= 0")
+                           "<= 1, max_spec_factor, max_spec_offset and min_score >= 0")
     return value
 
 
@@ -195,6 +200,8 @@ class SuffixDrafter(DrafterBase):
         draft = self.cache.cache.speculate(self.request, tokens[-s.max_tree_depth:], max_spec_tokens=num_tokens,
                                            max_spec_factor=s.max_spec_factor, max_spec_offset=s.max_spec_offset,
                                            min_token_prob=s.min_token_prob, use_tree_spec=s.tree)
+        if draft.score < s.min_score:
+            return Proposal([])
         chain = all(parent == i - 1 for i, parent in enumerate(draft.parents))
         return Proposal(list(draft.token_ids), parents=None if chain else list(draft.parents))
 
@@ -241,9 +248,10 @@ class SuffixKind(DraftKind):
         """Exactly the configuration measured, or a one-line refusal naming what vLLM cannot run."""
         differs = ("a token tree (vLLM's suffix proposer drafts a path)" if value.tree else
                    f"a cache warmed from {value.warm_from} (vLLM's starts empty)" if value.warm_from else
-                   f"max_spec_offset={value.max_spec_offset:g} (vLLM passes 0)" if value.max_spec_offset else None)
+                   f"max_spec_offset={value.max_spec_offset:g} (vLLM passes 0)" if value.max_spec_offset else
+                   f"min_score={value.min_score:g} (vLLM drafts at any score)" if value.min_score else None)
         if differs:
-            path = replace(value, tree=False, warm_from=None, max_spec_offset=0.0).name
+            path = replace(value, tree=False, warm_from=None, max_spec_offset=0.0, min_score=0.0).name
             raise SpecdecError(f"draft {written} measures {differs}, which vLLM's method: suffix does not run: "
                                f"measure and serve draft={path}")
         return {"method": "suffix", "num_speculative_tokens": num_draft_tokens,
