@@ -42,6 +42,8 @@ declare -A configs=(
   [suffix_16]="$target,draft=suffix,num_draft_tokens=16"
   [suffix-tree]="$target,draft=suffix:tree,num_draft_tokens=16"  # ArcticInference's token tree (use_tree_spec)
   [suffix-ngram]="$target,draft=suffix:$drafts/smollm2-ngram,num_draft_tokens=16"  # warm: the n-gram draft's data
+  [suffix-ngram-f2]="$target,draft=suffix:$drafts/smollm2-ngram?max_spec_factor=2,num_draft_tokens=16"  # drafts up
+  # to twice the match (chosen on HumanEval's tuning documents 20-27: docs/suffix53)
   [eagle-tree]="$target,draft=eagle:$drafts/smollm2-eagle@2x4,num_draft_tokens=6"  # EAGLE-2: top-2, 4 deep
   [eagle-tree-large]="$target,draft=eagle:$drafts/smollm2-eagle@8x6,num_draft_tokens=24"  # the head's accepted length
   [eagle-tree-xl]="$target,draft=eagle:$drafts/smollm2-eagle@12x7,num_draft_tokens=48"
@@ -63,7 +65,7 @@ for m in "${models[@]}"; do  # lm_NAME: NAME's draft model scored on its own (sc
   d=${configs[$m]#*draft=}; configs[lm_$m]="pretrained=smollm2-135m-instruct,draft=${d%%,*},score=draft"
 done
 configs[sweep]="zoo profile --sweep"  # latency by depth and width on this machine (random weights)
-order=(prompt-lookup prompt-lookup_ngram ngram prompt-lookup-tree suffix suffix_16 suffix-tree suffix-ngram
+order=(prompt-lookup prompt-lookup_ngram ngram prompt-lookup-tree suffix suffix_16 suffix-tree suffix-ngram suffix-ngram-f2
        eagle prompt-lookup_eagle prompt-lookup_eagle_dynamic eagle-tree eagle-tree-large eagle3
        eagle-tree-xl eagle3-tree suffix-ngram_eagle-tree suffix_eagle-tree suffix-s1_eagle-tree suffix-s3_eagle-tree
        prompt-lookup_eagle-tree layers_0-1 layers_0-4

@@ -142,6 +142,9 @@ def test_a_published_tree_draft_localises_with_its_shape(tmp_path, monkeypatch):
     head = "leaderboard/drafts/smollm2-eagle"
     assert localised(f"eagle:{head}@2x4") == f"eagle:{published.base() / head}@2x4"
     assert localised(f"suffix|eagle:{head}@2x4") == f"suffix|eagle:{published.base() / head}@2x4"
+    ngram = "leaderboard/drafts/smollm2-ngram"  # a suffix draft's mode and settings stay
+    assert localised(f"suffix:tree:{ngram}?max_spec_factor=2.0") == \
+        f"suffix:tree:{published.base() / ngram}?max_spec_factor=2.0"
     assert localised("eagle:nowhere/head@2x4") is None
 
 

@@ -79,6 +79,12 @@ class DraftKind:
         """The file or folder the draft reads (without a tree shape), or None."""
         return None
 
+    def with_path(self, value: Any, arg: str, path: Path) -> str:
+        """The draft string with the file or folder it reads replaced by ``path``. Default: the argument is the path,
+        with a tree shape after it kept."""
+        shape = split_shape(arg)[1]
+        return f"{self.name}:{path}" + ("" if shape is None else "@" + shape)
+
     def canonical(self, value: Any, written: str) -> str:
         """The draft's canonical string (``written`` is the string as given)."""
         return written

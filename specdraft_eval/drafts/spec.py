@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specdraft_eval.drafts.kind import DraftKind, draft_kinds, split_shape
+from specdraft_eval.drafts.kind import DraftKind, draft_kinds
 from specdraft_eval.errors import SpecdecError
 
 SEPARATOR = "|"
@@ -82,11 +82,11 @@ class DraftSpec:
         return Path(os.path.expanduser(where)) if where else None
 
     def with_path(self, path: Path) -> DraftSpec:
-        """This spec with its path argument replaced (e.g. made absolute), its tree shape kept."""
+        """This spec with its path argument replaced (e.g. made absolute), the rest kept (the kind's
+        :meth:`~specdraft_eval.drafts.kind.DraftKind.with_path`)."""
         if self.kind == MODEL:
             return DraftSpec(MODEL, str(path))
-        shape = split_shape(self.arg or "")[1]
-        return DraftSpec.parse(f"{self.kind}:{path}" + ("" if shape is None else "@" + shape))
+        return DraftSpec.parse(draft_kinds()[self.kind].with_path(self.value, self.arg or "", path))
 
     def with_parameters(self, given: dict, kinds: dict[str, DraftKind] | None = None) -> str:
         """The draft string with kind parameters from model_args (``given``: name -> value) applied to every part

@@ -241,6 +241,9 @@ class SuffixKind(DraftKind):
     def path(self, value: SuffixSettings) -> str | None:
         return value.warm_from
 
+    def with_path(self, value: SuffixSettings, arg: str, path: Path) -> str:
+        return replace(value, warm_from=str(path)).name
+
     def candidates(self, target_layers: int) -> tuple[Candidate, ...]:
         return (Candidate("suffix", (16,)), Candidate("suffix:tree", (16,)))
 
