@@ -69,4 +69,7 @@ def test_a_suffix_draft_reports_its_cache_and_takes_its_settings_as_model_args(t
     assert block["draft"] == "suffix?max_tree_depth=16"
     state = block["draft_state"]["suffix_cache"]
     assert state["tokens_at_start"] == 0 and state["tokens_at_end"] > 0 and state["warm"] is False
-    assert SpecdecRecord.from_block(block).draft_state == block["draft_state"]
+    record = SpecdecRecord.from_block(block)
+    assert record.draft_state == block["draft_state"]
+    merged = record.merge(record).draft_state["suffix_cache"]  # two runs (or ranks): their caches' tokens added
+    assert merged["tokens_at_end"] == 2 * state["tokens_at_end"] and merged["warm"] is False

@@ -94,17 +94,16 @@ class DraftSpec:
         kinds = draft_kinds() if kinds is None else kinds
         if not given:
             return self.name
-        takes = {name: kind for kind in kinds.values() for name in kind.parameters}
-        parts = []
+        parts, applied = [], set()
         for leaf in self.leaves():
             kind = kinds.get(leaf.kind)
             mine = {name: value for name, value in given.items() if kind is not None and name in kind.parameters}
             parts.append(kind.with_parameters(leaf.value, mine) if mine else leaf.name)
-        applied = {name for leaf in self.leaves() if leaf.kind in kinds for name in kinds[leaf.kind].parameters}
-        for name in given:
-            if name not in applied:
-                raise SpecdecError(f"model_args {name} is a setting of draft kind {takes[name].name!r}, which draft "
-                                   f"{self.name!r} has no part of: name a {takes[name].name} draft or leave it out")
+            applied |= set(mine)
+        for name in set(given) - applied:
+            owner = next(kind.name for kind in kinds.values() if name in kind.parameters)
+            raise SpecdecError(f"model_args {name} is a setting of draft kind {owner!r}, which draft {self.name!r} "
+                               f"has no part of: name a {owner} draft or leave it out")
         return SEPARATOR.join(parts)
 
     @classmethod

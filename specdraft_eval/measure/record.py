@@ -270,18 +270,16 @@ class SpecdecRecord:
 
 
 def _merged_state(first: dict, second: dict) -> dict:
-    """Two runs' (or ranks') drafter reports as one: numbers added, anything else kept where both agree (else
-    both, as a list)."""
+    """Two runs' (or ranks') drafter reports as one: numbers added, nested reports merged, anything else (the same
+    for records of one configuration) the first's."""
     merged = dict(first)
     for name, value in second.items():
-        if name not in merged:
-            merged[name] = value
-        elif isinstance(value, dict) and isinstance(merged[name], dict):
+        if isinstance(value, dict) and isinstance(merged.get(name), dict):
             merged[name] = _merged_state(merged[name], value)
-        elif isinstance(value, (int, float)) and not isinstance(value, bool) and type(merged[name]) is type(value):
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and name in merged:
             merged[name] = merged[name] + value
-        elif merged[name] != value:
-            merged[name] = [merged[name], value]
+        else:
+            merged.setdefault(name, value)
     return merged
 
 
