@@ -57,8 +57,8 @@ class SuffixSettings:
     @property
     def query(self) -> str:
         """The parameters that differ from the defaults, as the draft string's ``?name=value&...``."""
-        changed = [f"{f.name}={getattr(self, f.name)}" for f in fields(self)[2:]
-                   if getattr(self, f.name) != f.default]
+        changed = [f"{name}={getattr(self, name)}" for name in PARAMETERS
+                   if getattr(self, name) != getattr(SuffixSettings, name)]
         return "?" + "&".join(changed) if changed else ""
 
     @property
@@ -122,7 +122,7 @@ class SuffixCache:
                                f"run scripts/setup.sh, or {INSTALL}") from None
         self.settings = settings
         self.cache = SuffixDecodingCache(settings.max_tree_depth, settings.max_cached_requests)
-        self.sizes: dict[int, int] = {}  # request id -> response tokens added
+        self.sizes: dict[int, int] = {}  # request id -> response tokens added (evicted ones are not counted)
         self.owners: dict[int, weakref.ref] = {}  # active request -> its drafter
         self.next_id = 0
         for sequence in warm:  # earlier responses, as vLLM's cache would hold them
@@ -157,7 +157,6 @@ class SuffixCache:
         self.owners.pop(request, None)
         if request in self.cache.active_requests:
             self.cache.stop_request(request)
-        self.sizes = {r: n for r, n in self.sizes.items() if r in self.cache.cached_requests or r == request}
 
     def state(self) -> dict:
         """What the record reports of the corpus: tokens at the run's start and now, whether it started warm."""
