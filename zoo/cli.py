@@ -42,7 +42,7 @@ def list_drafts(
     emit(data["kinds"], False, ["name", "family", "source"])
 
 
-for _name, _command in cli_build.COMMANDS.items():  # pull, prune, ngram, train-head, export
+for _name, _command in cli_build.COMMANDS.items():  # pull, prune, ngram, regenerate, train-head, export
     app.command(_name)(_command)
 
 

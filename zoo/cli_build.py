@@ -1,4 +1,5 @@
-"""The ``zoo`` commands that build drafts (pull, prune, ngram, train-head, export); :mod:`zoo.cli` registers them."""
+"""The ``zoo`` commands that build drafts (pull, prune, ngram, regenerate, train-head, export); :mod:`zoo.cli`
+registers them."""
 
 from __future__ import annotations
 
@@ -71,6 +72,43 @@ def ngram(
 
 
 @cli_errors
+def regenerate(
+    model: Annotated[str, typer.Argument(help="The target whose own answers to collect.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Directory of the answers (a run there continues).")],
+    prompts: Annotated[str, typer.Option(help="Prompt sources, comma-separated, taken in turn: default (both tasks' "
+                                              "held-in documents), specdec_humaneval, specdec_mmlu_cot, python (the "
+                                              "standard library's functions) or a text file of prompts separated by "
+                                              "blank lines.")] = "default",
+    max_prompts: Annotated[Optional[int], typer.Option(help="Answer at most this many prompts.")] = None,
+    new_tokens: Annotated[int, typer.Option(help="Tokens per answer at most.")] = 256,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature (0: greedy).")] = 0.0,
+    samples: Annotated[int, typer.Option(help="Answers per prompt (with a temperature).")] = 1,
+    draft: Annotated[str, typer.Option(help="Draft that speeds the answers up, losslessly ('none': plain "
+                                            "decoding).")] = "suffix",
+    num_draft_tokens: Annotated[int, typer.Option(help="The draft's γ.")] = 6,
+    batch_size: Annotated[int, typer.Option(help="Rows decoded together.")] = 16,
+    chunk_prompts: Annotated[int, typer.Option(help="Prompts per chunk (each chunk written atomically).")] = 64,
+    seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
+    minutes: Annotated[Optional[float], typer.Option(help="Start no chunk that would end later than this; rerun "
+                                                          "to go on.")] = None,
+    device: DeviceOpt = None, dtype: DtypeOpt = "auto", as_json: JsonOpt = False,
+) -> None:
+    """Collect the target's own answers to held-in prompts (never the evaluations' documents) for `zoo train-head
+    --data`: batched, speculative, in resumable chunks, with their provenance."""
+    from zoo.regenerate import Regeneration
+    from zoo.regenerate import regenerate as run
+
+    settings = Regeneration(prompts, max_prompts, new_tokens, temperature, samples, draft, num_draft_tokens,
+                            batch_size, chunk_prompts=chunk_prompts, seed=seed, minutes=minutes)
+    with progress("answering prompts") as tick:
+        result = run(model, out, settings, load_settings(device, dtype, False), tick)
+    emit(result.to_json(), as_json, headers=None if as_json else
+         ["path", "prompts", "chunks", "rows", "answer_tokens", "new_chunks", "seconds", "tokens_per_second", "tar"])
+    for note in result.notes:
+        typer.echo(f"note: {note}", err=True)
+
+
+@cli_errors
 def train_head(
     model: Annotated[str, typer.Argument(help="The target whose hidden states the head learns to predict.")],
     out: OutOpt,
@@ -88,6 +126,11 @@ def train_head(
     text: Annotated[Optional[str], typer.Option(help="Also read this text teacher-forced: 'python' (its standard "
                                                     "library's sources), a text file or a folder of them.")] = None,
     text_tokens: Annotated[int, typer.Option(help="--text: how many of its tokens.")] = 0,
+    data: Annotated[Optional[str], typer.Option(help="Learn from `zoo regenerate` directories (comma-separated) "
+                                                    "instead of continuing prompts.")] = None,
+    output_layer: Annotated[str, typer.Option(help="--kind eagle3: 'trained' (its own, started from the target's "
+                                                   "rows) or 'target' (the target's rows, frozen, as EAGLE-1 "
+                                                   "reads them).")] = "trained",
     device: DeviceOpt = None, dtype: DtypeOpt = "auto", as_json: JsonOpt = False,
 ) -> None:
     """Train an EAGLE-style head (`draft=eagle:DIR`: EAGLE-1 or EAGLE-3) or Medusa heads (`draft=medusa:DIR`) on the
@@ -97,7 +140,7 @@ def train_head(
 
     settings = HeadTraining(prompts, max_prompts, new_tokens, vocab_top=vocab_top, steps=steps, kind=kind,
                             medusa_heads=medusa_heads, unroll=unroll, text=text,
-                            text_tokens=text_tokens)
+                            text_tokens=text_tokens, data=data, output_layer=output_layer)
     with progress("continuing prompts, then training") as tick:
         emit(run(model, out, settings, load_settings(device, dtype, False, kernels="plain"), tick).to_json(), as_json)
 
@@ -123,5 +166,6 @@ def export(
         typer.echo(f"note: {note}")
 
 
-COMMANDS = {"pull": pull, "prune": prune, "ngram": ngram, "train-head": train_head, "export": export}
+COMMANDS = {"pull": pull, "prune": prune, "ngram": ngram, "regenerate": regenerate, "train-head": train_head,
+            "export": export}
 """Command name -> function, in the order ``zoo --help`` lists them."""

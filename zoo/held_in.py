@@ -4,7 +4,12 @@ the rule that a build never writes into an existing folder."""
 
 from __future__ import annotations
 
-from itertools import zip_longest
+import ast
+import random
+import sysconfig
+from collections.abc import Iterator
+from dataclasses import dataclass
+from itertools import islice, zip_longest
 from pathlib import Path
 
 import torch
@@ -35,29 +40,98 @@ def check_out(out: Path) -> None:
 DEFAULT_PROMPTS = "default"
 
 
+@dataclass(frozen=True)
+class Prompt:
+    """A prompt and where it came from: ``TASK#INDEX`` (a bundled task's document), ``python:FILE:LINE`` (a function
+    of the standard library) or ``FILE#INDEX`` (a user's file)."""
+
+    source: str
+    text: str
+
+
 def ngram_prompts(spec: str | None, most: int | None = None) -> list[str]:
     """Prompts to continue: the default held-in split (the tasks' held-in documents taken in turn), one bundled
     task's held-in split, or a file of prompts separated by blank lines; the first ``most`` of them."""
+    return [p.text for p in held_in_prompts(spec, most)]
+
+
+def held_in_prompts(spec: str | None, most: int | None = None) -> list[Prompt]:
+    """:func:`ngram_prompts` with their sources; ``spec`` may also name ``python`` (the standard library's functions
+    with docstrings, HumanEval's form) or join several sources with commas (taken in turn). A user's file that
+    holds a document the evaluations use is refused (:func:`check_held_in`)."""
     if most is not None and most < 1:
         raise SpecdecError(f"--max-prompts {most} must be >= 1")
-    return _prompts(spec)[:most]
+    names = [part.strip() for part in (spec or DEFAULT_PROMPTS).split(",") if part.strip()] or [DEFAULT_PROMPTS]
+    sources = [_source(name) for name in names]
+    merged = (p for group in zip_longest(*sources) for p in group if p is not None)
+    return list(islice(merged, most))
 
 
-def _prompts(spec: str | None) -> list[str]:
-    if spec in (None, DEFAULT_PROMPTS):
-        splits = [task_prompts(task)[start:] for task, start in HELD_OUT.items()]
-        return [p for group in zip_longest(*splits) for p in group if p is not None]
+def _source(spec: str) -> Iterator[Prompt]:
+    if spec == DEFAULT_PROMPTS:
+        return iter([p for group in zip_longest(*(_source(task) for task in HELD_OUT)) for p in group
+                     if p is not None])
     if spec in HELD_OUT:
-        return task_prompts(spec)[HELD_OUT[spec]:]
+        return iter([Prompt(f"{spec}#{i}", text) for i, text in enumerate(task_prompts(spec)) if i >= HELD_OUT[spec]])
+    if spec == PYTHON_PROMPTS:
+        return python_prompts()
     try:
         text = Path(spec).read_text(encoding="utf-8", errors="replace")
     except OSError as exc:
         raise SpecdecError(f"cannot read prompts {spec}: {exc.strerror or exc}; give a bundled task "
-                           f"({', '.join(HELD_OUT)}) or a text file with prompts separated by blank lines") from None
-    prompts = [p.strip() for p in text.split("\n\n") if p.strip()]
+                           f"({', '.join(HELD_OUT)}), 'python' or a text file with prompts separated by blank "
+                           "lines") from None
+    prompts = [Prompt(f"{spec}#{i}", p) for i, p in enumerate(p.strip() for p in text.split("\n\n") if p.strip())]
     if not prompts:
         raise SpecdecError(f"prompt file {spec} has no prompts: separate prompts by blank lines")
-    return prompts
+    check_held_in(text, spec)
+    return iter(prompts)
+
+
+PYTHON_PROMPTS = "python"
+PYTHON_CONTEXT_LINES = 40
+
+
+def python_prompts(seed: int = 0) -> Iterator[Prompt]:
+    """The standard library's functions with a docstring as prompts in HumanEval's form: up to
+    ``PYTHON_CONTEXT_LINES`` lines of the file before the ``def``, the signature and the docstring; the target writes
+    the body. Files in a seeded shuffled order, functions in file order; files that do not parse are skipped."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(f for f in root.rglob("*.py") if "site-packages" not in f.parts and "test" not in f.parts)
+    random.Random(seed).shuffle(files)
+    for path in files:
+        try:
+            text = path.read_text(encoding="utf-8")
+            tree = ast.parse(text)
+        except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
+            continue
+        lines = text.splitlines()
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or ast.get_docstring(node) is None:
+                continue
+            docstring = node.body[0]
+            if len(node.body) < 2 or docstring.end_lineno is None:
+                continue  # nothing but a docstring: no body to write
+            start = max(0, node.lineno - 1 - PYTHON_CONTEXT_LINES)
+            yield Prompt(f"python:{path.relative_to(root)}:{node.lineno}",
+                         "\n".join(lines[start:docstring.end_lineno]) + "\n")
+
+
+HELD_OUT_TAIL = 160
+"""Characters at the end of a held-out document (a HumanEval docstring's examples, an MMLU question and its
+options) that identify it in a user's prompts."""
+
+
+def check_held_in(text: str, spec: str) -> None:
+    """One line if a user's prompt file holds one of the documents the evaluations use (the first :data:`HELD_OUT`
+    of each bundled task; found by its last :data:`HELD_OUT_TAIL` characters, whitespace aside, wherever the file's
+    blank lines cut it): nothing is built from them."""
+    flat = " ".join(text.split())
+    for task, held in HELD_OUT.items():
+        for i, document in enumerate(task_prompts(task)[:held]):
+            if " ".join(document.split())[-HELD_OUT_TAIL:] in flat:
+                raise SpecdecError(f"prompt file {spec} holds {task}#{i}, a document the evaluations use: remove "
+                                   "it (drafts learn only from held-in text)")
 
 
 @torch.inference_mode()

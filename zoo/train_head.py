@@ -56,10 +56,12 @@ from specdraft_eval.files import atomic_output, write_json
 from specdraft_eval.models import kernels
 from specdraft_eval.models.targets import LoadSettings
 from zoo.built import Built
-from zoo.held_in import check_out, generate_batches, ngram_prompts
+from zoo.held_in import HELD_OUT, check_out, generate_batches, ngram_prompts
 from zoo.progress import Tick, no_progress
+from zoo.regenerate import read_rows
 
 KINDS = ("eagle", "eagle3", "medusa")
+OUTPUT_LAYERS = ("trained", "target")
 EAGLE3_UNROLL = 3
 """EAGLE-3 trains at least this many unrolled steps on its own features (its training-time test)."""
 
@@ -87,6 +89,8 @@ class HeadTraining:
     # text read teacher-forced besides the generations: "python" (its standard library) or a path
     text: str | None = None
     text_tokens: int = 0  # how many tokens of it (0: none)
+    data: str | None = None  # zoo regenerate's directories (comma-separated), read instead of continuing prompts
+    output_layer: str = "trained"  # eagle3: its own output layer trained, or the target's rows frozen ("target")
 
     @property
     def medusa(self) -> bool:
@@ -116,6 +120,12 @@ class HeadTraining:
                                "--text-tokens N")
         if self.kind not in KINDS:
             raise SpecdecError(f"--kind {self.kind!r}: use one of {', '.join(KINDS)}")
+        if self.data is not None and (self.prompts is not None or self.max_prompts is not None):
+            raise SpecdecError("--data replaces --prompts and --max-prompts (the answers are already there): give "
+                               "one or the other")
+        if self.output_layer not in OUTPUT_LAYERS or (self.output_layer != "trained" and self.kind != "eagle3"):
+            raise SpecdecError(f"--output-layer {self.output_layer!r}: use trained or target, with --kind eagle3 "
+                               "(eagle and medusa always read the target's)")
         if self.medusa and (self.medusa_heads < 1 or self.medusa_layers < 0 or self.window <= self.medusa_heads + 1):
             raise SpecdecError(f"--medusa-heads must be >= 1 and below --window - 1, --medusa-layers >= 0 (got "
                                f"{self.medusa_heads}, {self.medusa_layers})")
@@ -181,17 +191,48 @@ def teacher_forced(target, tokenizer, settings: HeadTraining, tick: Tick,
             break
     width = settings.context
     sequences = [stream[i: i + width] for i in range(0, min(len(stream), settings.text_tokens) - width + 1, width)]
-    features = []
+    return sequences, forced_features(target, sequences, taps, eos, tick)
+
+
+def answers(settings: HeadTraining, tokenizer, name: str) -> tuple[list[list[int]], int, list[dict]]:
+    """``--data``: each row of ``zoo regenerate``'s directories as one sequence (its prompt's last ``context``
+    tokens, then the target's answer); the answer tokens, and each directory's provenance for the head's metadata."""
+    sequences, answered, sources = [], 0, []
+    for path in settings.data.split(","):
+        rows, provenance = read_rows(Path(path), name, vocab_fingerprint(tokenizer))
+        sequences += [row.prompt[-settings.context:] + row.answer for row in rows if row.answer]
+        answered += sum(len(row.answer) for row in rows)
+        sources.append({"data": path, "target": provenance["settings"]["target"], "prompts": provenance["prompts"],
+                        "temperature": provenance["settings"]["temperature"], "rows": len(rows),
+                        "answer_tokens": provenance["answer_tokens"], "held_out": provenance["held_out"]})
+    if not sequences:
+        raise SpecdecError(f"--data {settings.data}: no answers there; run zoo regenerate on it first")
+    return sequences, answered, sources
+
+
+def forced_features(target, sequences: list[list[int]], taps: tuple[int, ...], pad: int, tick: Tick
+                    ) -> list[torch.Tensor]:
+    """The target's features at ``taps`` at every position of each sequence ([length, F] float16 on the CPU), from
+    teacher-forced passes of 8 sequences of similar length, right-padded (causal attention keeps every real
+    position's features exact): equal to those recorded while the target wrote them."""
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+    features: list[torch.Tensor] = [torch.empty(0)] * len(sequences)
     tap = FeatureTap(target, taps)
     try:
-        for start in range(0, len(sequences), 8):
+        for start in range(0, len(order), 8):
+            batch = order[start:start + 8]
+            width = max(len(sequences[i]) for i in batch)
+            ids = torch.tensor([sequences[i] + [pad] * (width - len(sequences[i])) for i in batch],
+                               device=target.device)
             with torch.inference_mode():
-                target(torch.tensor(sequences[start: start + 8], device=target.device))
-            features += list(tap.take().to("cpu", torch.float16))  # [width, F] each
-            tick(len(sequences[start: start + 8]))
+                target(ids)
+            seen = tap.take().to("cpu", torch.float16)  # [B, width, F]
+            for row, i in enumerate(batch):
+                features[i] = seen[row, :len(sequences[i])].clone()
+            tick(len(batch))
     finally:
         tap.close()
-    return sequences, features
+    return features
 
 
 def top_tokens(sequences: list[list[int]], most: int) -> list[int] | None:
@@ -394,16 +435,29 @@ def train_head(model: str, out: Path, settings: HeadTraining = HeadTraining(), l
     if data is not None:  # resumed: the bar counts training steps only
         tick(0, total=settings.steps)
     else:
-        texts = ngram_prompts(settings.prompts, settings.max_prompts)
+        texts = [] if settings.data else ngram_prompts(settings.prompts, settings.max_prompts)
+        read = answers(settings, tokenizer, model) if settings.data else ([], 0, [])
         chunks = settings.text_tokens // settings.context
-        tick(0, total=chunks + len(texts) + settings.steps)  # one bar: text read, prompts continued, training steps
+        tick(0, total=chunks + len(texts) + len(read[0]) + settings.steps)  # one bar: text read, prompts continued
+        # or answers read, training steps
         taps = settings.taps(target.config.num_hidden_layers)
         sequences, features = teacher_forced(target, tokenizer, settings, tick, taps) if chunks else ([], [])
-        log(f"continuing {len(texts)} held-in prompts ({settings.new_tokens} tokens each)")
-        generated_sequences, generated_features, generated = generations(target, tokenizer, texts, settings, tick, taps)
+        if settings.data:
+            log(f"reading the target's answers in {settings.data}")
+            generated_sequences, generated, sources = read
+            pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+            generated_features = forced_features(target, generated_sequences, taps, pad, tick)
+        else:
+            log(f"continuing {len(texts)} held-in prompts ({settings.new_tokens} tokens each)")
+            generated_sequences, generated_features, generated = generations(target, tokenizer, texts, settings, tick,
+                                                                             taps)
+            sources = [{"prompts": settings.prompts or "default", "count": len(texts), "held_out": HELD_OUT,
+                        "answer_tokens": generated, "temperature": 0.0}]
+        if chunks:
+            sources.append({"text": settings.text, "tokens": sum(map(len, sequences))})
         sequences, features = sequences + generated_sequences, features + generated_features  # held out: the last
         data = {"sequences": sequences, "features": features, "generated": generated, "text_sequences": len(sequences)
-                - len(generated_sequences), "seconds": time.perf_counter() - started}
+                - len(generated_sequences), "seconds": time.perf_counter() - started, "sources": sources}
         log(f"{sum(map(len, sequences))} tokens with features, {generated} of them generated")
         work.save("data.pt", data)
     sequences, features = data["sequences"], data["features"]
@@ -438,7 +492,7 @@ def train_head(model: str, out: Path, settings: HeadTraining = HeadTraining(), l
     meta = {"target": model, "vocab": vocab_fingerprint(tokenizer), "taps": taps, "token_ids": token_ids,
             "training": {**asdict(settings), "sequences": len(sequences), "tokens": sum(map(len, sequences)),
                          "generated_tokens": data["generated"], "text_sequences": data.get("text_sequences", 0),
-                         "held_out_sequences": held,
+                         "held_out_sequences": held, "data": data.get("sources", []), "steps_done": run.step,
                          ("top1_agreement_by_head" if settings.medusa else "top1_agreement_by_step"): agreement,
                          "minutes": round((time.perf_counter() - started) / 60, 1)}}
     with atomic_output(out, directory=True) as tmp:
@@ -468,6 +522,7 @@ def _recipe(target, model: str, settings: HeadTraining, token_ids: list[int] | N
                        lambda tmp, meta: save_medusa(tmp, heads, model, meta, token_ids), settings.medusa_heads + 1)
     if settings.kind == "eagle3":
         head = new_eagle3_head(target, token_ids, settings.seed).float()
+        head.lm_head.weight.requires_grad_(settings.output_layer == "trained")  # "target": its rows, frozen
         rows = kernels.output_weight(target).float()
         rows = rows[torch.as_tensor(token_ids, device=rows.device)] if token_ids else rows  # [head vocab, H]
         return _Recipe(head,
