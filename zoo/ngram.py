@@ -16,7 +16,7 @@ from specdraft_eval.errors import SpecdecError
 from specdraft_eval.files import atomic_output
 from specdraft_eval.models.targets import LoadSettings
 from zoo.built import Built
-from zoo.held_in import check_out, generate_batches, ngram_prompts
+from zoo.held_in import DEFAULT_PROMPTS, HELD_OUT, check_out, generate_batches, ngram_prompts
 from zoo.progress import Tick, no_progress
 
 
@@ -32,13 +32,16 @@ def continuations(target, tokenizer, prompts: list[str], new_tokens: int, batch_
 
 
 def build(target, tokenizer, target_name: str, prompts: list[str], new_tokens: int, out: Path,
-          on_batch: Callable[[int], None] | None = None) -> dict:
-    """Generate the continuations and write the draft directory atomically; return its metadata."""
+          on_batch: Callable[[int], None] | None = None, spec: str | None = None) -> dict:
+    """Generate the continuations and write the draft directory atomically; return its metadata (``data``: what
+    it was built from, ``spec`` naming the prompts)."""
     if new_tokens < 1:
         raise SpecdecError(f"--new-tokens {new_tokens} must be >= 1")
     sequences = continuations(target, tokenizer, prompts, new_tokens, on_batch=on_batch)
-    meta = {"source": target_name, "prompts": len(prompts), "new_tokens": new_tokens,
-            "tokens": sum(map(len, sequences))}
+    tokens = sum(map(len, sequences))
+    meta = {"source": target_name, "prompts": len(prompts), "new_tokens": new_tokens, "tokens": tokens,
+            "data": [{"prompts": {"spec": spec or DEFAULT_PROMPTS, "count": len(prompts)}, "temperature": 0.0,
+                      "answer_tokens": tokens, "held_out": HELD_OUT}]}
     with atomic_output(out, directory=True) as tmp:
         save_continuations(tmp, tokenizer, sequences, meta)
     return meta
@@ -53,5 +56,5 @@ def make_draft(model: str, out: Path, prompts: str | None, new_tokens: int, max_
     loaded = settings.load(model)
     target, tokenizer = loaded.model, loaded.tokenizer
     tick(0, total=len(texts))
-    meta = build(target, tokenizer, model, texts, new_tokens, out, on_batch=tick)
+    meta = build(target, tokenizer, model, texts, new_tokens, out, on_batch=tick, spec=prompts)
     return Built(str(out), f"ngram:{out}", meta)

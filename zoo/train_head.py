@@ -56,7 +56,7 @@ from specdraft_eval.files import atomic_output, write_json
 from specdraft_eval.models import kernels
 from specdraft_eval.models.targets import LoadSettings
 from zoo.built import Built
-from zoo.held_in import HELD_OUT, check_out, generate_batches, ngram_prompts
+from zoo.held_in import DEFAULT_PROMPTS, HELD_OUT, check_out, generate_batches, ngram_prompts
 from zoo.progress import Tick, no_progress
 from zoo.regenerate import read_rows
 
@@ -451,8 +451,8 @@ def train_head(model: str, out: Path, settings: HeadTraining = HeadTraining(), l
             log(f"continuing {len(texts)} held-in prompts ({settings.new_tokens} tokens each)")
             generated_sequences, generated_features, generated = generations(target, tokenizer, texts, settings, tick,
                                                                              taps)
-            sources = [{"prompts": settings.prompts or "default", "count": len(texts), "held_out": HELD_OUT,
-                        "answer_tokens": generated, "temperature": 0.0}]
+            sources = [{"prompts": {"spec": settings.prompts or DEFAULT_PROMPTS, "count": len(texts)},
+                        "temperature": 0.0, "answer_tokens": generated, "held_out": HELD_OUT}]
         if chunks:
             sources.append({"text": settings.text, "tokens": sum(map(len, sequences))})
         sequences, features = sequences + generated_sequences, features + generated_features  # held out: the last
