@@ -13,8 +13,8 @@ case ${1:?regenerate, eagle or eagle3} in
   regenerate) exec .venv/bin/zoo regenerate smollm2-135m-instruct --out $DATA --prompts specdec_humaneval,python \
                 --max-prompts 4000 --minutes 26 --json ;;
   eagle) exec .venv/bin/zoo train-head smollm2-135m-instruct --data $DATA --steps "${STEPS:-1200}" \
-           --out "${2:?give the head's directory}" --json ;;
+           --out "${2:?give the head directory}" --json ;;
   eagle3) exec .venv/bin/zoo train-head smollm2-135m-instruct --kind eagle3 --unroll 4 --output-layer target \
-            --data $DATA --steps "${STEPS:-600}" --out "${2:?give the head's directory}" --json ;;
+            --data $DATA --steps "${STEPS:-600}" --out "${2:?give the head directory}" --json ;;
   *) echo "usage: scripts/train_heads.sh regenerate | eagle OUT_DIR | eagle3 OUT_DIR" >&2; exit 2 ;;
 esac

@@ -205,3 +205,29 @@ def test_the_committed_data_holds_only_held_in_prompts(smollm2):
         assert all(_held_in_source(r.source) for r in rows)
         texts = tokenizer.batch_decode([r.prompt for r in rows])
         assert not [r.source for r, text in zip(rows, texts) if any(t in " ".join(text.split()) for t in held_out)]
+
+
+def _shipped_training_data(folder: Path) -> list[dict]:
+    """A shipped draft's own account of what it learnt from (each format keeps it in its metadata)."""
+    if (folder / "ngram.json").is_file():
+        return json.loads((folder / "ngram.json").read_text())["meta"]["data"]
+    if (folder / "eagle.json").is_file():
+        return json.loads((folder / "eagle.json").read_text())["training"]["data"]
+    return json.loads((folder / "config.json").read_text())["specdraft_eval"]["training"]["data"]
+
+
+def test_every_shipped_draft_lists_its_training_data_and_none_is_held_out():
+    folders = sorted(p for p in (ROOT / "leaderboard" / "drafts").iterdir() if p.is_dir() and p != SHIPPED_DATA)
+    assert {p.name for p in folders} >= {"smollm2-ngram", "smollm2-eagle", "smollm2-eagle3"}
+    for folder in folders:
+        data = _shipped_training_data(folder)
+        assert data, folder
+        for source in data:
+            if "text" in source:  # read teacher-forced: the standard library, never a task's documents
+                assert source["text"] == "python" and source["tokens"] > 0
+                continue
+            assert source["held_out"] == HELD_OUT and source["answer_tokens"] > 0
+            for name in source["prompts"]["spec"].split(","):
+                assert name in ("default", "python", *HELD_OUT), (folder, name)  # held_in_prompts' own sources
+            if "data" in source:  # regenerated: shipped beside it, checked row by row above
+                assert (ROOT / source["data"]).parent == SHIPPED_DATA and (ROOT / source["data"] / PROVENANCE).is_file()
