@@ -68,13 +68,17 @@ class Contender:
 
 def found_drafts(extra: list[str] = ()) -> list[str]:
     """Draft strings for drafts on disk: ``extra`` and the shipped drafts (a directory a kind recognises by its
-    marker file, else a head in upstream's EAGLE-3 layout)."""
+    marker file, else a head in upstream's EAGLE-3 layout: one with a ``config.json``; other folders, such as the
+    heads' training data, are no drafts)."""
     folder = published.base() / "leaderboard" / "drafts"
     shipped = sorted(p for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
     written = list(extra)
     for path in shipped:
         spec = DraftSpec.parse(str(path))
-        written.append(str(path) if spec.kind != MODEL else f"eagle:{path}")
+        if spec.kind != MODEL:
+            written.append(str(path))
+        elif (path / "config.json").is_file():
+            written.append(f"eagle:{path}")
     return written
 
 
