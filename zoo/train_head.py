@@ -429,14 +429,14 @@ def train_head(model: str, out: Path, settings: HeadTraining = HeadTraining(), l
     loaded = load.load(model)
     target, tokenizer = loaded.model, loaded.tokenizer
     target.requires_grad_(False)  # its embedding feeds the head: no gradient through it
-    work = _Work(out, settings, model)
+    read = answers(settings, tokenizer, model) if settings.data else ([], 0, [])  # a bad --data: one line,
+    work = _Work(out, settings, model)  # before the work folder exists
     started = time.perf_counter()
     data = work.load("data.pt")
     if data is not None:  # resumed: the bar counts training steps only
         tick(0, total=settings.steps)
     else:
         texts = [] if settings.data else ngram_prompts(settings.prompts, settings.max_prompts)
-        read = answers(settings, tokenizer, model) if settings.data else ([], 0, [])
         chunks = settings.text_tokens // settings.context
         tick(0, total=chunks + len(texts) + len(read[0]) + settings.steps)  # one bar: text read, prompts continued
         # or answers read, training steps
