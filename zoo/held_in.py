@@ -134,11 +134,16 @@ def check_held_in(text: str, spec: str) -> None:
                                    "it (drafts learn only from held-in text)")
 
 
+def pad_id(tokenizer) -> int:
+    """The id that pads the builders' batches: the tokenizer's pad token, else its EOS."""
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
 @torch.inference_mode()
 def generate_batches(target, tokenizer, prompts: list[str], new_tokens: int, batch_size: int = 16, context: int = 512):
     """Yield, ``batch_size`` prompts at a time, each prompt's token ids (its last ``context`` tokens, which keeps
     prefill short on a CPU) and the target's greedy continuation of it (token ids, up to EOS)."""
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pad = pad_id(tokenizer)
     eos = target.generation_config.eos_token_id
     eos = {eos} if isinstance(eos, int) else set(eos or [])
     for start in range(0, len(prompts), batch_size):

@@ -56,7 +56,7 @@ from specdraft_eval.files import atomic_output, write_json
 from specdraft_eval.models import kernels
 from specdraft_eval.models.targets import LoadSettings
 from zoo.built import Built
-from zoo.held_in import DEFAULT_PROMPTS, HELD_OUT, check_out, generate_batches, ngram_prompts
+from zoo.held_in import DEFAULT_PROMPTS, HELD_OUT, check_out, generate_batches, ngram_prompts, pad_id
 from zoo.progress import Tick, no_progress
 from zoo.regenerate import read_rows
 
@@ -445,8 +445,7 @@ def train_head(model: str, out: Path, settings: HeadTraining = HeadTraining(), l
         if settings.data:
             log(f"reading the target's answers in {settings.data}")
             generated_sequences, generated, sources = read
-            pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-            generated_features = forced_features(target, generated_sequences, taps, pad, tick)
+            generated_features = forced_features(target, generated_sequences, taps, pad_id(tokenizer), tick)
         else:
             log(f"continuing {len(texts)} held-in prompts ({settings.new_tokens} tokens each)")
             generated_sequences, generated_features, generated = generations(target, tokenizer, texts, settings, tick,
