@@ -131,7 +131,7 @@ def test_sampled_answers_differ_and_repeat_with_the_seed(tmp_path, tiny):
 @pytest.mark.parametrize("settings, message", [
     (dict(samples=3), "repeats one answer: give --temperature"),
     (dict(temperature=-1.0), "--temperature -1.0 must be >= 0"),
-    (dict(batch_size=0), "--batch-size must be >= 1"),
+    (dict(batch_size=0), "--batch-size 0 must be >= 1"),
 ])
 def test_bad_settings_are_one_line(settings, message):
     with pytest.raises(SpecdecError, match=message):

@@ -29,6 +29,7 @@ from specdraft_eval.files import atomic_write, write_json
 from specdraft_eval.models.targets import LoadSettings
 from zoo.held_in import HELD_OUT, Prompt, held_in_prompts
 from zoo.progress import Tick, no_progress
+from zoo.prompts import check_positive
 
 FORMAT = "specdraft-regenerate/1"
 PROVENANCE = "regenerate.json"
@@ -53,9 +54,8 @@ class Regeneration:
     minutes: float | None = None  # start no chunk that would end past this
 
     def check(self) -> None:
-        for name in ("new_tokens", "samples", "num_draft_tokens", "batch_size", "context", "chunk_prompts"):
-            if getattr(self, name) < 1:
-                raise SpecdecError(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(self, name)})")
+        check_positive(**{name: getattr(self, name) for name in ("new_tokens", "samples", "num_draft_tokens",
+                                                                 "batch_size", "context", "chunk_prompts")})
         if self.temperature < 0:
             raise SpecdecError(f"--temperature {self.temperature} must be >= 0 (0: greedy)")
         if self.temperature == 0 and self.samples > 1:
