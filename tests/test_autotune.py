@@ -55,29 +55,62 @@ def test_auto_tunes_inside_the_run_then_reads_its_own_result(tiny):
     from specdraft_eval.integration.lm_eval_model import SpecDecLM
 
     lm = SpecDecLM(pretrained=str(tiny), draft="auto", device="cpu", kernels="plain", baseline="true")
-    assert lm._tuner is not None and len(lm._tuner.contenders) >= 3
     outputs = lm.generate_until(_requests(), disable_tqdm=True)
+    assert len(lm._auto.tuners["t"].contenders) >= 2
     block = lm.specdec_info()
     tuning = block["tuning"]
     assert 2 <= len(tuning["trials"]) <= 4 and tuning["requests"] <= len(CONTEXTS) // 4
     [chosen] = [t for t in tuning["trials"] if t["chosen"]]
     assert block["draft"] == chosen["draft"] and block["dynamic_gamma"] is True
     assert block["generations"] == len(CONTEXTS) - tuning["requests"]  # the chosen one's own requests
-    assert block["baseline_mismatches"] == 0 and tuning["speedup_with_tuning"] > 0
+    assert block["baseline_mismatches"] == 0
+    trials = [GenerationStats(**t["counters"]) for t in tuning["trials"]]
+    whole = sum(trials, GenerationStats(**block["counters"]))  # the run's requests, the tuning's included
+    assert tuning["speedup_with_tuning"] == pytest.approx(
+        whole.generated_tokens / whole.decode_seconds / (whole.baseline_tokens / whole.baseline_seconds))
     plain = SpecDecLM(pretrained=str(tiny), draft="layers:0", device="cpu", kernels="plain")
     assert outputs == plain.generate_until(_requests(), disable_tqdm=True)
     [stored] = store.entries()
     assert stored.origin == "lm_eval" and stored.record.draft == block["draft"] and stored.record.tuning
+    assert block["auto"]["tasks"]["t"]["draft"] == block["draft"] and "tuned on" in block["auto"]["tasks"]["t"]["reason"]
     again = SpecDecLM(pretrained=str(tiny), draft="auto", device="cpu", kernels="plain")
+    again.generate_until(_requests()[:2], disable_tqdm=True)
     paid = block["speedup"] > 1  # a random tiny model: the winner may still not beat plain decoding
-    assert again._tuner is None and again.session.drafter.name == (block["draft"] if paid else "prompt-lookup:3")
+    assert not again._auto.tuners and again.session.drafter.name == (block["draft"] if paid else "prompt-lookup:3")
+
+
+def test_in_run_tuning_compares_contenders_on_their_own_requests_in_alternating_order(tiny, monkeypatch):
+    """Without ``baseline``, the tuning batches are still decoded plainly too, so each contender is scored by its
+    speedup on its own requests (not tokens/s of other documents), plain decoding first in every other tuning
+    batch whichever contender decodes it; after the decision the run decodes without the baseline it did not ask
+    for."""
+    from specdraft_eval.engine import session as session_module
+    from specdraft_eval.integration.lm_eval_model import SpecDecLM
+
+    order = []
+    real = session_module.autoregressive_generate_batch
+    for name in ("speculative_generate_batch", "autoregressive_generate_batch"):
+        spied = getattr(session_module, name)
+        monkeypatch.setattr(session_module, name, lambda *a, _spied=spied, _name=name, **k: order.append(_name[0])
+                            or _spied(*a, **k))
+    lm = SpecDecLM(pretrained=str(tiny), draft="auto", device="cpu", kernels="plain")
+    lm.generate_until(_requests(), disable_tqdm=True)
+    block = lm.specdec_info()
+    trials = block["tuning"]["trials"]
+    assert all(t["speedup"] is not None for t in trials)  # measured against plain decoding of the same requests
+    tuned = sum(t["requests"] for t in trials)  # batch size 1: one batch per request
+    firsts = order[: 2 * tuned: 2]
+    assert firsts == ["s", "a"] * (tuned // 2) + ["s"] * (tuned % 2), order
+    assert order[2 * tuned:] == ["s"] * (len(CONTEXTS) - tuned) and block["speedup"] is None
+    assert real is not session_module.autoregressive_generate_batch
 
 
 def test_auto_fixed_never_tunes(tiny):
     from specdraft_eval.integration.lm_eval_model import SpecDecLM
 
     lm = SpecDecLM(pretrained=str(tiny), draft="auto:fixed", device="cpu", kernels="plain")
-    assert lm._tuner is None and lm.session.drafter.name == "prompt-lookup:3" and lm.session.run.gamma.dynamic
+    lm.generate_until(_requests(), disable_tqdm=True)
+    assert not lm._auto.tuners and lm.session.drafter.name == "prompt-lookup:3" and lm.session.run.gamma.dynamic
 
 
 def test_zoo_tune_measures_halves_stores_and_auto_reads_it(tiny, tmp_path):
@@ -114,7 +147,7 @@ def test_zoo_tune_and_results_refuse_bad_input_in_one_line(tiny):
     from conftest import run_cli
 
     for args in (["tune", "--target", str(tiny), "--task", "nope"], ["tune", "--target", str(tiny), "--budget", "0"],
-                 ["results", "--stale"], ["results", "--prune"]):
+                 ["results", "--all"], ["results", "--prune"]):
         done = run_cli("zoo", *args)
         assert done.returncode == 1 and "Traceback" not in done.stderr, args
         assert done.stderr.strip().splitlines()[-1].startswith("zoo: error:"), args
@@ -166,3 +199,96 @@ def test_every_draft_found_is_tried_before_any_drafts_variants():
     assert all(d.startswith(MODEL_FREE_PARTNER + "|") for d in drafts[:5])
     assert [d.rsplit("/", 1)[-1] for d in first] == ["smollm2-eagle@2x4", "smollm2-eagle3@2x4", "smollm2-ngram"]
     assert drafts[-4:] == ["layers:0-4", "prompt-lookup", "suffix", "suffix:tree"]
+
+
+def test_zoo_tune_alternates_which_side_decodes_a_batch_first(tiny, monkeypatch):
+    """zoo tune's rounds: plain decoding before the survivors in one batch, after them in the next, across rounds."""
+    from conftest import word_tokenizer
+    from transformers import AutoModelForCausalLM
+
+    from specdraft_eval.engine import session as session_module
+    from specdraft_eval.engine.params import RunSettings
+    from specdraft_eval.engine.session import Session
+    from specdraft_eval.integration.autotune import contenders
+    from specdraft_eval.models.targets import Target
+    from zoo import tune
+
+    order = []
+    for module, name in ((tune, "autoregressive_generate_batch"), (session_module, "speculative_generate_batch")):
+        spied = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _spied=spied, _name=name, **k: order.append(_name[0])
+                            or _spied(*a, **k))
+    model = AutoModelForCausalLM.from_pretrained(tiny)
+    target = Target(model, word_tokenizer(["<unk>", "</s>", *[f"w{i}" for i in range(62)]]))
+    found, _ = contenders(target, [Candidate("prompt-lookup", (3,)), Candidate("prompt-lookup:2", (3,))])
+    sessions = {id(c): Session(model, c.drafter, RunSettings(c.policy)) for c in found}
+    prompts = tune._Prompts([[2 + i, 3, 4, 2 + i, 3] for i in range(6)])
+    tune._decode_round(model, target.tokenizer, found, sessions, prompts, [0, 1, 2, 3], 2, "specdec_humaneval",
+                       lambda *a, **k: None)
+    tune._decode_round(model, target.tokenizer, found[:1], sessions, prompts, [4, 5], 2, "specdec_humaneval",
+                       lambda *a, **k: None)
+    assert order == ["a", "s", "s", "s", "s", "a", "a", "s"]
+    assert all(c.stats.speedup for c in found)
+
+
+def test_auto_decodes_each_task_with_the_configuration_measured_best_on_it(tiny):
+    """Measured here (this machine's store): prompt lookup best on one task, a layer view on the other. One run of
+    both: each task decodes with its own; the record names each task's choice and holds each configuration's
+    counters (one record each, as the store keeps them); a task nobody measured, with too few requests to tune on,
+    takes the best across the tasks measured and says so."""
+    from specdraft_eval.integration.lm_eval_model import SpecDecLM
+    from specdraft_eval.measure.environment import hardware
+    from specdraft_eval.measure.record import Runtime, SpecdecRecord
+
+    def measured(draft: str, speedups: dict[str, float]) -> None:
+        per_task = {task: GenerationStats(generations=4, steps=10, draft_tokens=20, accepted_tokens=8,
+                                          generated_tokens=18, decode_seconds=1.0, baseline_tokens=18,
+                                          baseline_seconds=speedup) for task, speedup in speedups.items()}
+        record = SpecdecRecord.new(str(tiny), draft, 4, True, "cpu", per_task,
+                                   runtime=Runtime("float32", "plain", False, False, "sdpa"))
+        assert record.hardware == hardware("cpu")
+        store.save(record, "zoo tune")
+
+    measured("prompt-lookup:3", {"he": 1.6, "mmlu": 1.1})
+    measured("layers:0", {"he": 1.2, "mmlu": 1.3})
+    requests = [*_requests(CONTEXTS[:3]), *_requests(CONTEXTS[3:6]), *_requests(CONTEXTS[6:8])]
+    for request, task in zip(requests, ["he"] * 3 + ["mmlu"] * 3 + ["new"] * 2, strict=True):
+        request.task_name = task
+    lm = SpecDecLM(pretrained=str(tiny), draft="auto", device="cpu", kernels="plain")
+    lm.generate_until(requests, disable_tqdm=True)
+    block = lm.specdec_info()
+    chosen = {task: choice["draft"] for task, choice in block["auto"]["tasks"].items()}
+    assert chosen == {"he": "prompt-lookup:3", "mmlu": "layers:0", "new": "prompt-lookup:3"}
+    assert "on he" in block["auto"]["tasks"]["he"]["reason"]
+    assert "new: measured by none" in block["auto"]["tasks"]["new"]["reason"] and "too few" in \
+        block["auto"]["tasks"]["new"]["reason"]
+    records = SpecdecRecord.from_block(block).flat()
+    assert {r.draft: sorted(r.per_task) for r in records} == {"prompt-lookup:3": ["he", "new"], "layers:0": ["mmlu"]}
+    assert sum(r.total.generations for r in records) == 8
+
+
+def test_a_group_of_subtasks_is_one_task():
+    """lm-eval's own index: MMLU's 57 subtasks, all in the run, are the task ``mmlu``; a group the run holds only
+    part of is not, and tasks of no group (or an --include_path's) are their own."""
+    from specdraft_eval.integration.task_groups import groups_of
+
+    subjects = ["abstract_algebra", "anatomy", "astronomy", "business_ethics", "clinical_knowledge",
+                "college_biology", "college_chemistry", "college_computer_science", "college_mathematics",
+                "college_medicine", "college_physics", "computer_security", "conceptual_physics", "econometrics",
+                "electrical_engineering", "elementary_mathematics", "formal_logic", "global_facts",
+                "high_school_biology", "high_school_chemistry", "high_school_computer_science",
+                "high_school_european_history", "high_school_geography", "high_school_government_and_politics",
+                "high_school_macroeconomics", "high_school_mathematics", "high_school_microeconomics",
+                "high_school_physics", "high_school_psychology", "high_school_statistics", "high_school_us_history",
+                "high_school_world_history", "human_aging", "human_sexuality", "international_law", "jurisprudence",
+                "logical_fallacies", "machine_learning", "management", "marketing", "medical_genetics",
+                "miscellaneous", "moral_disputes", "moral_scenarios", "nutrition", "philosophy", "prehistory",
+                "professional_accounting", "professional_law", "professional_medicine", "professional_psychology",
+                "public_relations", "security_studies", "sociology", "us_foreign_policy", "virology",
+                "world_religions"]
+    mmlu = [f"mmlu_{s}" for s in subjects]
+    groups = groups_of([*mmlu, "gsm8k", "specdec_humaneval"])
+    assert {groups[t] for t in mmlu} == {"mmlu"} and groups["gsm8k"] == "gsm8k"
+    assert groups["specdec_humaneval"] == "specdec_humaneval"
+    assert set(groups_of([*mmlu[:5], "gsm8k"]).values()) == {*mmlu[:5], "gsm8k"}
+    assert groups_of(["mmlu_anatomy"]) == {"mmlu_anatomy": "mmlu_anatomy"}

@@ -113,6 +113,21 @@ def test_seeded_sampling_rows_equal_their_batch_one_output(target, kinds):
     assert together == alone
 
 
+@pytest.mark.parametrize("name", ["layers", "other-model", "reduced-head", "eagle", "prompt-lookup"])
+def test_seeded_rows_draw_their_own_streams_at_any_batch_size(target, kinds, name):
+    """Seeded sampling: a row's stream is its request's and repeat's, so a batch (rows near their budget drafting
+    fewer tokens than the others, and drawing only those) gives each row its batch-one sample, and the repeats of
+    one prompt are different samples."""
+    draft = _heads(target)["eagle"] if name == "eagle" else kinds[name]
+    rows, sampled = prompts(6), {"do_sample": True, "seed": 3, "temperature": 0.9, "num_draft_tokens": 4}
+    alone = [speculative_generate(target, draft, row, 13, **sampled)[0] for row in rows]
+    together, _ = speculative_generate_batch(target, draft, rows, 13, **sampled)
+    assert together == alone
+    repeated, _ = speculative_generate_batch(target, draft, [rows[1]] * 4, 13, **sampled)
+    assert repeated[0] == alone[1] and len({tuple(r) for r in repeated}) == 4
+    assert repeated == [speculative_generate(target, draft, rows[1], 13, repeat=k, **sampled)[0] for k in range(4)]
+
+
 @pytest.mark.parametrize("draft_kind", ["model", "prompt-lookup"])
 def test_sampling_at_batch_four_follows_target_distribution(draft_kind):
     from specdraft_eval.drafts.model import ModelDrafter

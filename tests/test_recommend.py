@@ -94,22 +94,27 @@ def test_zoo_recommend_cli(results, tmp_path):
 
 
 def test_lm_eval_model_resolves_auto(tmp_path, monkeypatch):
-    """draft=auto takes the recommendation's draft, γ and dynamic γ; explicit model_args win."""
+    """draft=auto takes the recommendation's draft, γ and dynamic γ for each task; explicit model_args win."""
     from specdraft_eval.engine.params import GammaPolicy
     from specdraft_eval.integration import lm_eval_model, recommend
     from specdraft_eval.integration.recommend import Recommendation
 
     tiny = save_tiny(tmp_path / "tiny")
     asked = []
-    monkeypatch.setattr(recommend, "recommend", lambda target, hardware, runtime, batch_size: asked.append(
-        (target, hardware, runtime, batch_size)) or Recommendation(target, None, "layers:0", 2, True, "test"))
+    monkeypatch.setattr(recommend, "recommend", lambda target, task, hardware, runtime, batch_size: asked.append(
+        (target, task, hardware, runtime, batch_size)) or Recommendation(target, task, "layers:0", 2, True, "test",
+                                                                        on_task=True))
     lm = lm_eval_model.SpecDecLM(pretrained=str(tiny), draft="auto", device="cpu", kernels="plain", static_cache=True)
+    lm._task = "t"
+    lm._auto.start("t", 4, 1)
     gamma = lm.session.run.gamma
     assert (lm.session.drafter.name, gamma.num_draft_tokens, gamma.dynamic) == ("layers:0", 2, True)
-    # looked up by the target's name on the hardware it runs on, with the runtime it runs
-    assert asked == [(str(tiny), hardware("cpu"), Runtime("float32", "plain", True, False, "sdpa"), 1)]
+    # looked up by the target's name and the task on the hardware it runs on, with the runtime it runs
+    assert asked == [(str(tiny), "t", hardware("cpu"), Runtime("float32", "plain", True, False, "sdpa"), 1)]
     lm = lm_eval_model.SpecDecLM(pretrained=str(tiny), draft="auto", num_draft_tokens=5, dynamic_gamma="false",
                                  device="cpu")
+    lm._task = "t"
+    lm._auto.start("t", 4, 1)
     assert lm.session.run.gamma == GammaPolicy(5, False)
 
 
@@ -177,8 +182,8 @@ def test_the_users_own_result_outranks_a_published_row_from_another_machine(tmp_
 
 
 def test_a_published_row_from_older_code_never_outranks_one_from_todays(tmp_path, monkeypatch):
-    """Two published rows on this machine: 3x by specdraft-eval 0.0.1, 1.2x by today's: today's wins, even with the
-    older one on the hardware asked for and today's elsewhere."""
+    """Two published rows on this machine: 3x by specdraft-eval 0.0.1, 1.2x by today's: today's wins; with today's
+    measured elsewhere, the older one here does (a speedup on another machine says little about this one)."""
     import json
 
     from specdraft_eval.measure.environment import versions
@@ -194,7 +199,7 @@ def test_a_published_row_from_older_code_never_outranks_one_from_todays(tmp_path
     choice = recommend(TARGET, results=[published], hardware=hardware("cpu"))
     assert choice.draft == "prompt-lookup:3"
     today.write_text(today.read_text().replace(hardware("cpu"), "NVIDIA H100 80GB HBM3"))
-    assert recommend(TARGET, results=[published], hardware=hardware("cpu")).draft == "prompt-lookup:3"
+    assert recommend(TARGET, results=[published], hardware=hardware("cpu")).draft == "layers:0,1,2,3,4"
     [old] = [c for c in recommend(TARGET, results=[published]).candidates if c.code_version == "0.0.1"]
     assert old.score > 1.5  # faster, but older code
 
@@ -215,3 +220,32 @@ def test_zoo_rank_takes_tar_from_this_machines_results_first(tmp_path, monkeypat
     assert tar[3] == pytest.approx(1.6) and source[3].startswith("this machine's results γ=3")
     tar, source = tar_from_results(files, TARGET, "specdec_humaneval", "prompt-lookup:3")
     assert tar[3] == pytest.approx(1.9) and source[3].startswith("results γ=3")  # both merged: (12 + 6) / 20 + 1
+
+
+def test_evidence_not_source_ranks_the_users_figure_replacing_the_published_one(tmp_path, monkeypatch):
+    """Published on this machine: prompt-lookup:3 at 2.4x and a layer view at 1.8x on HumanEval. The user measured
+    prompt-lookup:3 here at 1.08x: that replaces its published figure (same configuration), and the faster layer
+    view wins, where the user's own result used to outrank every published row whatever its speed."""
+    from specdraft_eval.measure import store
+    from specdraft_eval.measure.record import read_results
+
+    published, _ = _published_and_own(tmp_path, monkeypatch)
+    write_result(published / "a", "prompt-lookup:3", 2.0)
+    write_result(published / "b", "layers:0,1,2,3,4", 1.5)
+    task = "specdec_humaneval"
+    assert recommend(TARGET, task, results=[published], hardware=hardware("cpu")).draft == "prompt-lookup:3"
+    store.save(read_results(write_result(tmp_path / "mine", "prompt-lookup:3", 0.9)).record, "lm_eval")
+    choice = recommend(TARGET, task, results=[published], hardware=hardware("cpu"))
+    assert choice.draft == "layers:0,1,2,3,4" and choice.on_task and "published" in choice.reason
+    [mine] = [c for c in choice.candidates if c.key.draft == "prompt-lookup:3"]
+    assert mine.own and mine.speedup[task] == pytest.approx(1.08) and len(mine.files) == 1  # the published one gone
+
+
+def test_a_task_nobody_measured_takes_the_best_across_the_tasks_measured_and_says_so(tmp_path, monkeypatch):
+    published, _ = _published_and_own(tmp_path, monkeypatch)
+    write_result(published / "a", "prompt-lookup:3", 2.0)
+    choice = recommend(TARGET, "gsm8k", results=[published], hardware=hardware("cpu"))
+    assert choice.draft == "prompt-lookup:3" and not choice.on_task and choice.tune
+    assert "geometric mean over the tasks measured (gsm8k: measured by none)" in choice.reason
+    measured = recommend(TARGET, "specdec_humaneval", results=[published], hardware=hardware("cpu"))
+    assert measured.on_task and not measured.tune and "on specdec_humaneval" in measured.reason

@@ -295,3 +295,44 @@ def test_acceptance_figures_as_each_engine_defines_them():
     assert figures["accept_length"] == 2.0  # SGLang: completion tokens / verification steps
     assert figures["mean_accepted_tokens"] == 2.0 == stats.tar  # Spec-Bench, EAGLE: tokens per target pass
     assert set(figures) <= set(stats.summary())
+
+
+def test_acceptance_as_vllm_and_speed_bench_count_it_where_drafts_vary_in_length_and_a_stop_cuts():
+    """Worked from each engine's own definition, on steps a prompt-lookup or suffix draft makes (drafts of varying
+    length, γ = 3) and a final step a stop cuts. vLLM counts each step's drafted and accepted tokens before its stop
+    check (scheduler: num_draft_tokens = len(spec_token_ids), num_accepted = len(generated) - 1); SPEED-Bench's
+    conditional rate at i divides steps that accepted i by steps that drafted i having accepted i - 1."""
+    from specdraft_eval.engine.drafter import Proposal
+    from specdraft_eval.engine.loop import _counted
+
+    # (drafted, accepted, tokens kept of the accepted + 1 emitted): the last step's stop completes at its 2nd token
+    steps = [(3, 3, 4), (1, 1, 2), (2, 1, 2), (3, 1, 2), (3, 3, 2)]
+    stats = GenerationStats()
+    for drafted, accepted, kept in steps:
+        stats.record_step(*_counted(Proposal(list(range(drafted))), list(range(accepted)), kept))
+    # vLLM, step by step: 5 drafts, 3+1+2+3+3 = 12 draft tokens, 3+1+1+1+3 = 9 accepted; per position
+    # [5, 2, 2] (position 1: the first step's and the last's; position 2: the same two)
+    assert stats.vllm_counters == {"num_drafts": 5, "num_draft_tokens": 12, "num_accepted_tokens": 9,
+                                   "num_accepted_tokens_per_pos": [5, 2, 2]}
+    assert stats.mean_acceptance_length == pytest.approx(1 + 9 / 5)
+    assert stats.acceptance_rate_per_position == pytest.approx([5 / 5, 2 / 5, 2 / 5])
+    # ours counts the last step as if its draft had ended at the stop: 1 drafted, 1 accepted
+    assert (stats.draft_tokens, stats.accepted_tokens) == (10, 7) and stats.tar == pytest.approx(12 / 5)
+    # SPEED-Bench: position 0: 5 accepted of 5 drafts; position 1: accepted in the first step only, reached by the
+    # first, third and fourth (the second's draft ended at 0, the last's was cut there); position 2: 1 of 1
+    assert stats.conditional_acceptance_per_position == pytest.approx([1.0, 1 / 3, 1.0])
+    # (the rule "over accepted at i - 1" gives [1.0, 1/5, 1.0]: the steps whose drafts ended are not failures)
+    stats.record_step(*_counted(Proposal([7, 8]), [0, 1], 1))  # a stop in the step's first token: no draft of ours
+    assert stats.drafts == 5 and stats.vllm_counters["num_drafts"] == 6  # vLLM's draft, all its tokens accepted
+    assert stats.vllm_counters["num_accepted_tokens"] == 11
+
+
+def test_undefined_positions_are_null_in_json_and_a_dash_in_tables():
+    from specdraft_eval.measure.report import positions
+
+    stats = GenerationStats()
+    for drafted, accepted in [(3, 0), (3, 0)]:
+        stats.record_step(drafted, accepted)
+    assert stats.conditional_acceptance_per_position == [0.0, None, None]  # nobody reached positions 1 and 2
+    assert stats.summary()["conditional_acceptance_per_position"] == [0.0, None, None]
+    assert positions(stats.conditional_acceptance_per_position) == "0.00 - -"

@@ -50,11 +50,48 @@ def test_a_users_file_with_an_evaluation_document_is_refused(tmp_path):
     humaneval = task_prompts("specdec_humaneval")
     path = tmp_path / "mine.txt"
     path.write_text("def f():\n    pass\n\n" + humaneval[3].replace("    ", "  ") + "\n\n" + humaneval[50])
-    with pytest.raises(SpecdecError, match=r"prompt file .*mine.txt holds specdec_humaneval#3, a document the "
-                                           "evaluations use"):
+    with pytest.raises(SpecdecError, match=r"prompt file .*mine.txt holds part of specdec_humaneval#3, a document "
+                                           "the evaluations use"):
         held_in_prompts(str(path))
     path.write_text("def f():\n    pass\n\n" + humaneval[50])  # a held-in document is fine
     assert [p.source for p in held_in_prompts(str(path))][:2] == [f"{path}#0", f"{path}#1"]
+
+
+@pytest.mark.parametrize("task,index", [("specdec_humaneval", 7), ("specdec_mmlu_cot", 42)])
+def test_any_long_window_of_an_evaluation_document_is_refused_by_every_builder(tmp_path, task, index):
+    """Not only a document's end: its middle, re-spaced and cut by a blank line, is found in a prompt file, a
+    calibration file or text (zoo prune) and a training text (train-head --text); held-in text passes."""
+    from zoo.held_in import HELD_OUT_WORDS, check_held_in
+    from zoo.prune import calibration_texts
+
+    words = task_prompts(task)[index].split()
+    middle = len(words) // 2 - HELD_OUT_WORDS  # a window from the middle, whatever the document's end is
+    piece = " ".join(words[middle: middle + HELD_OUT_WORDS]) + "\n\n" + " ".join(words[middle + HELD_OUT_WORDS:
+                                                                                    middle + 2 * HELD_OUT_WORDS])
+    path = tmp_path / "mine.txt"
+    path.write_text("held-in text first\n\n" + "  ".join(piece.split(" ")) + "\n")
+    with pytest.raises(SpecdecError, match=rf"holds part of {task}#\d+, a document the evaluations use"):
+        held_in_prompts(str(path))
+    with pytest.raises(SpecdecError, match=rf"calibration file {path} holds part of {task}#"):
+        calibration_texts(str(path))
+    with pytest.raises(SpecdecError, match=rf"calibration text .* holds part of {task}#"):
+        calibration_texts(piece)
+    assert calibration_texts(task) == task_prompts(task)[HELD_OUT[task]:]  # a task: its held-in documents only
+    for held_in in task_prompts(task)[HELD_OUT[task]:]:  # no false alarm on any held-in document
+        check_held_in(held_in, "held-in")
+    with pytest.raises(SpecdecError, match="unknown calibration task"):
+        calibration_texts("specdec_nope")
+
+
+def test_train_head_text_refuses_an_evaluation_document(tmp_path):
+    from conftest import word_tokenizer
+
+    from zoo.train_head import HeadTraining, teacher_forced
+
+    (tmp_path / "notes.md").write_text("notes " + task_prompts("specdec_humaneval")[12])
+    settings = HeadTraining(text=str(tmp_path), text_tokens=64)
+    with pytest.raises(SpecdecError, match=r"--text file .*notes.md holds part of specdec_humaneval#12"):
+        teacher_forced(None, word_tokenizer(["<unk>", "</s>"]), settings, lambda *a, **k: None, ())
 
 
 def test_python_prompts_are_functions_with_their_docstrings():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from conftest import tiny_llama
 
 from specdraft_eval.drafts.prompt_lookup import KIND
@@ -58,3 +59,23 @@ def test_the_sides_alternate_from_the_first_batch_given(monkeypatch):
             session.generate(PROMPTS[:1], DecodeParams(4))
         starts = order[::2]
         assert starts == (["plain", "spec", "plain"] if first else ["spec", "plain", "spec"])
+
+
+def test_speedup_end_to_end_counts_both_sides_prefill():
+    """Decode-only speedup leaves the target's prefill out of both clocks; the end-to-end figure times the requests'
+    wall time as Spec-Bench does: 100 tokens in 1 s of prefill + 4 s against plain decoding's 1 s + 9 s is 2.0x end to
+    end where decoding alone is 2.25x."""
+    from specdraft_eval.measure.stats import GenerationStats
+
+    stats = GenerationStats(generated_tokens=100, prefill_seconds=1.0, decode_seconds=4.0, baseline_tokens=100,
+                            baseline_prefill_seconds=1.0, baseline_seconds=9.0)
+    assert stats.speedup == pytest.approx(2.25) and stats.end_to_end_speedup == pytest.approx(2.0)
+    assert GenerationStats(generated_tokens=100, decode_seconds=4.0, baseline_tokens=100,
+                           baseline_seconds=9.0).end_to_end_speedup is None  # plain decoding's prefill unknown
+    session = Session(tiny_llama(), KIND.load("3", None), baseline=True)
+    stats = session.generate([list(range(2, 40))] * 2, DecodeParams(8)).stats
+    assert stats.prefill_seconds > 0 and stats.baseline_prefill_seconds > 0
+    assert stats.end_to_end_speedup == pytest.approx(
+        stats.generated_tokens / (stats.prefill_seconds + stats.decode_seconds)
+        / (stats.baseline_tokens / (stats.baseline_prefill_seconds + stats.baseline_seconds)))
+    assert stats.summary()["end_to_end_speedup"] == stats.end_to_end_speedup

@@ -66,3 +66,33 @@ def test_the_store_moves_with_the_cache(monkeypatch, tmp_path):
     monkeypatch.delenv("SPECDRAFT_EVAL_STORE")
     monkeypatch.setenv("SPECDRAFT_EVAL_CACHE", str(tmp_path / "cache"))
     assert store.store_dir() == tmp_path / "cache" / "results"
+
+
+def test_records_of_a_replaced_kind_implementation_are_stale_and_never_chosen(tmp_path, results_store, monkeypatch):
+    """A kind whose implementation changed raises its version: records measured before (no version recorded: 1)
+    are listed by `zoo results --stale`, pruned by `--prune --stale` and left out of draft=auto's candidates;
+    a record of today's implementation is none of these, and records of one configuration measured by two
+    implementations never merge."""
+    from typer.testing import CliRunner
+
+    from specdraft_eval.drafts.spec import draft_kinds, kind_versions, replaced
+    from specdraft_eval.integration.recommend import candidates
+    from zoo.cli import app
+
+    old = store.save(_record(tmp_path), "lm_eval")
+    assert replaced("prompt-lookup:3", {}) == [] and kind_versions("prompt-lookup:3") == {}
+    monkeypatch.setattr(draft_kinds()["prompt-lookup"], "version", 2)
+    assert replaced("prompt-lookup:3", {}) == ["prompt-lookup v1 (now v2)"]
+    record = _record(tmp_path)
+    record.kind_versions = kind_versions("prompt-lookup:3")
+    assert record.kind_versions == {"prompt-lookup": 2}
+    assert SpecdecRecord.from_block(record.to_block()).kind_versions == {"prompt-lookup": 2}
+    assert record.key() != store.entries()[0].record.key()  # two implementations: two configurations
+    today = store.save(record, "lm_eval")
+    listed = json.loads(CliRunner().invoke(app, ["results", "--stale", "--json"]).output)["results"]
+    assert [row["file"] for row in listed] == [old.name] and listed[0]["stale"] == "prompt-lookup v1 (now v2)"
+    found = candidates("smollm2-135m-instruct", [], [old, today])
+    assert [c.files for c in found] == [[str(today)]]
+    assert store.prune(stale=True) == []  # the store knows no kinds: the CLI says which are replaced
+    assert CliRunner().invoke(app, ["results", "--prune", "--stale", "--json"]).exit_code == 0
+    assert [e.path for e in store.entries()] == [today]

@@ -23,7 +23,8 @@ from specdraft_eval.errors import SpecdecError
 
 
 class Recording(SuffixDrafter):
-    """Our drafter, logging (request, tokens, budget, drafted tokens) at every step of every row."""
+    """Our drafter, logging (request, tokens, budget, drafted tokens) at every step of every row, and (request,
+    tokens, None, None) each time the engine shows it a row's tokens without asking for a draft."""
 
     def __init__(self, cache, log: list) -> None:
         super().__init__(cache)
@@ -31,6 +32,10 @@ class Recording(SuffixDrafter):
 
     def fork(self) -> Recording:
         return Recording(self.cache, self.log)
+
+    def see(self, tokens):
+        super().see(tokens)
+        self.log.append((self.request, list(tokens), None, None))
 
     def propose(self, tokens, num_tokens, sampler):
         proposal = super().propose(tokens, num_tokens, sampler)
@@ -41,8 +46,9 @@ class Recording(SuffixDrafter):
 def vllm_replay(log: list, max_tree_depth: int = 24, max_cached_requests: int = 10000, max_spec_factor: float = 1.0,
                 min_token_prob: float = 0.1, add_when_done: bool = False) -> list[list[int]]:
     """What vLLM's proposer drafts at each logged step (its ``propose``, transcribed): a request not yet active
-    starts with its prompt; the tokens sampled since its last step are added, then it speculates. ``add_when_done``
-    (a negative control): responses join the global cache only once their request has ended."""
+    starts with its prompt; the tokens sampled since its last step are added, then it speculates (an entry without
+    a budget only adds). ``add_when_done`` (a negative control): responses join the global cache only once their
+    request has ended."""
     cache = SuffixDecodingCache(max_tree_depth=max_tree_depth, max_cached_requests=max_cached_requests)
     seen: dict[int, int] = {}  # request -> tokens the cache has
     pending: dict[int, list[int]] = {}
@@ -61,6 +67,8 @@ def vllm_replay(log: list, max_tree_depth: int = 24, max_cached_requests: int = 
             pending[request] = pending.get(request, []) + sampled
         elif sampled:
             cache.add_active_response(request, sampled)
+        if budget is None:
+            continue
         draft = cache.speculate(request, tokens[-max_tree_depth:], max_spec_tokens=budget,
                                 max_spec_factor=max_spec_factor, min_token_prob=min_token_prob)
         drafts.append(list(draft.token_ids))
@@ -77,7 +85,7 @@ def _stream(arg: str | None, rows: int, passes: int = 2) -> tuple[list, list[lis
     for _ in range(passes):
         out, _ = speculative_generate_batch(target, draft, prompts, 48, num_draft_tokens=8)
         assert out == expected  # lossless, whatever it drafts
-    return log, [entry[3] for entry in log]
+    return log, [entry[3] for entry in log if entry[2] is not None]
 
 
 @pytest.mark.parametrize("rows", [1, 3])
@@ -205,3 +213,118 @@ def test_a_zoo_ngram_directory_warms_the_cache(tmp_path):
         KIND.load(str(tmp_path / "missing"), None)
     with pytest.raises(SpecdecError, match="would warm nothing"):
         KIND.load(f"{tmp_path}?max_cached_requests=0", None)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_every_measured_repeat_starts_from_a_fresh_cache(monkeypatch, shared):
+    """zoo bench's repeats (the batch study's sessions) each measure a fresh draft: equal TAR on every repeat of
+    the same prompts. The control shares one drafter's cache across repeats, as before: the later repeats find
+    the earlier repeats' answers and accept far more."""
+    from specdraft_eval.engine.params import RunSettings
+    from zoo.bench.batch import _measure
+
+    if shared:
+        monkeypatch.setattr(SuffixDrafter, "fresh", lambda self: self)
+    target = tiny_llama(seed=3)
+    prompts = [[2 + i, 9, 9, 4, 2 + i, 9, 5] for i in range(3)]
+    expected = [hf_greedy(target, torch.tensor([p]), 32) for p in prompts]
+    _, totals = _measure(target, KIND.load(None, None), RunSettings(), prompts, expected, 3, 3, 32, lambda: None)
+    tars = [t.tar for t in totals]
+    if shared:
+        assert tars[1] > tars[0] * 1.2 and tars[2] > tars[0] * 1.2, tars
+    else:
+        assert tars == [tars[0]] * 3 and tars[0] > 1, tars
+
+
+def test_fresh_keeps_the_warm_start_and_nothing_else(tmp_path):
+    from conftest import word_tokenizer
+
+    from specdraft_eval.drafts.composite import CompositeDrafter
+    from specdraft_eval.drafts.ngram import save_continuations
+    from specdraft_eval.models.targets import Target
+
+    tokenizer = word_tokenizer(["a", "b", "c"])
+    save_continuations(tmp_path, tokenizer, [[5, 6, 7, 8, 9]], {})
+    draft = KIND.load(str(tmp_path), Target(tiny_llama(), tokenizer))
+    draft.propose([1, 2, 3, 4, 11, 12, 13], 4, Sampler())
+    draft.propose([1, 2, 3, 4, 11, 12, 13, 14, 15], 4, Sampler())  # its response joins the cache
+    assert draft.describe()["suffix_cache"]["tokens_at_end"] == 7
+    again = draft.fresh()
+    assert again.cache is not draft.cache and again.describe()["suffix_cache"]["tokens_at_end"] == 5
+    composite = CompositeDrafter([draft, KIND.load(None, None)]).fresh()
+    assert [part.describe()["suffix_cache"]["tokens_at_end"] for part in composite.parts] == [5, 0]
+
+
+def _probe(cache: SuffixDecodingCache, outputs: list[list[int]]) -> list[tuple[float, int]]:
+    """What the global cache of responses holds, read through a new request with an empty prompt: for the window of
+    every length up to 24 ending at every position of every output, the longest match and the likeliest next
+    token's probability (its count over the context's). One token only: which of two tied continuations a longer
+    draft follows depends on the order tokens arrived in, the counts do not."""
+    cache.start_request(-1, [])
+    drafts = []
+    for out in outputs:
+        for end in range(1, len(out) + 1):
+            for n in range(1, min(end, 24) + 1):
+                draft = cache.speculate(-1, out[end - n: end], max_spec_tokens=1, max_spec_factor=4.0,
+                                        min_token_prob=0.0)
+                drafts.append((round(draft.score, 6), draft.match_len))
+    cache.stop_request(-1)
+    return drafts
+
+
+class LateGamma:
+    """γ 0 for a batch's first six steps, then 4 (as dynamic γ backs off where drafting does not pay)."""
+
+    rows, max_gamma = 1, 4
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    @property
+    def gamma(self) -> int:
+        self.steps += 1
+        return 0 if self.steps <= 6 else 4
+
+    def update(self, *measured) -> None:
+        """Nothing to learn."""
+
+
+@pytest.mark.parametrize("control", [None, "late first call", "last step dropped"])
+def test_the_cache_holds_every_response_whole_as_vllms_proposer_leaves_it(monkeypatch, control):
+    """Worked from vLLM's rules, not from our call log: a request starts with its prompt and every token it samples
+    joins its response, its last step's included, so after a run the global cache holds each (prompt, output)
+    pair's output whole. The batch's first steps decode plainly (the draft is first asked late, as where dynamic
+    γ backs off) and rows finish at different steps. The controls are the engine before, one defect each: rows at
+    budget 0 not shown their tokens (a late first call puts generated tokens into the prompt's tree), a finished
+    row's last step never joining."""
+    from specdraft_eval.engine.drafter import PerRow, Proposal
+
+    if control == "last step dropped":
+        monkeypatch.setattr(PerRow, "see", lambda self, tokens, rows: None)
+        monkeypatch.setattr(SuffixDrafter, "see", lambda self, tokens, _real=SuffixDrafter.see: _real(self, tokens)
+                            if self.request is None else None)  # ... but a request still starts with its prompt
+        monkeypatch.setattr(SuffixDrafter, "propose", lambda self, tokens, n, sampler, _real=SuffixDrafter.propose,
+                            _see=SuffixDrafter.see: (_see(self, tokens), _real(self, tokens, n, sampler))[1])
+    if control == "late first call":
+        monkeypatch.setattr(PerRow, "propose", lambda self, tokens, budgets, samplers: [
+            d.propose(t, b, s) if b > 0 else Proposal([]) for d, t, b, s in
+            zip(self.drafters, tokens, budgets, samplers, strict=True)])
+        monkeypatch.setattr(PerRow, "see", lambda self, tokens, rows, _real=PerRow.see: _real(self, tokens, [
+            row for row in rows if self.drafters[row].request is not None]))  # never at the prefill
+    target = tiny_llama(seed=3)
+    prompts = [[2 + i, 9, 9, 4, 2 + i, 9, 5] for i in range(3)] + [[7, 3, 7, 3]]
+    draft = KIND.load(None, None)
+    outputs = []
+    for budget in (40, 17):  # two batches: the second's rows find the first's responses
+        out, _ = speculative_generate_batch(target, draft, prompts, budget, gamma_controller=LateGamma())
+        assert out == [hf_greedy(target, torch.tensor([p]), budget) for p in prompts]
+        outputs += out
+    ours = draft.cache.cache
+    for request in list(ours.active_requests):
+        ours.stop_request(request)
+    reference = SuffixDecodingCache(max_tree_depth=24, max_cached_requests=10000)
+    for request, (prompt, output) in enumerate(zip(prompts * 2, outputs, strict=True)):
+        reference.start_request(request, prompt)
+        reference.add_active_response(request, output)
+        reference.stop_request(request)
+    assert (_probe(ours, outputs) == _probe(reference, outputs)) == (control is None)

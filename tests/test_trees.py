@@ -6,6 +6,7 @@ as the negative control); the mask is checked against the same path run alone as
 from __future__ import annotations
 
 import random
+from collections import Counter
 from dataclasses import replace
 
 import pytest
@@ -388,3 +389,89 @@ def test_tree_drafts_say_so_for_the_compiled_warm_up(target):
     assert NGramDrafter([[1, 2, 3]], branches=2).drafts_trees and not NGramDrafter([[1, 2, 3]]).drafts_trees
     assert suffix.KIND.load("tree", None).drafts_trees and not suffix.KIND.load(None, None).drafts_trees
     assert CompositeDrafter([prompt_lookup.KIND.load("3", None), suffix.KIND.load("tree", None)]).drafts_trees
+
+
+class RootSiblings(DrafterBase):
+    """The target's ``k`` likeliest next tokens as siblings under the root (a tree's first depth, as EAGLE-2's
+    drafts it): verification tries them in turn, each against what the earlier rejections left."""
+
+    name = "root-siblings"
+    drafts_trees = True
+
+    def __init__(self, target, k: int) -> None:
+        self.target, self.k, self.known = target, k, {}
+
+    def propose(self, tokens: list[int], num_tokens: int, sampler: Sampler) -> Proposal:
+        if tuple(tokens) not in self.known:
+            with torch.inference_mode():
+                self.known[tuple(tokens)] = self.target(torch.tensor([tokens])).logits[0, -1].topk(self.k).indices
+        top = self.known[tuple(tokens)].tolist()[:num_tokens]
+        return Proposal(top, parents=[-1] * len(top))
+
+
+def first_token_law(p: list[float], children: list[int], rule: str) -> list[float]:
+    """The exact law of the first emitted token when deterministic siblings ``children`` are tried in turn against
+    the target's distribution ``p`` (each accepted with probability min(1, r(x)), r the residual), then the next
+    token drawn from r, under ``rule``: ``correct`` (a rejected child's token zeroed and r renormalised), ``no
+    renormalisation`` (zeroed, not renormalised: later siblings accepted too rarely) or ``wrong residual`` (a
+    rejected child left in r: it can still be drawn)."""
+    residual, law, staying = list(p), [0.0] * len(p), 1.0
+    for child in children:
+        accepted = min(1.0, residual[child])
+        law[child] += staying * accepted
+        staying *= 1 - accepted
+        if rule == "wrong residual":
+            continue
+        residual[child] = 0.0
+        if rule == "correct":
+            residual = [r / sum(residual) for r in residual]
+    return [emitted + staying * r / sum(residual) for emitted, r in zip(law, residual, strict=True)]
+
+
+MUTANTS = {  # the engine's own rule with one line changed (verify._sampled's source, edited and compiled)
+    "no renormalisation": ("rest = torch.where(total > 0, rest / total.clamp_min(torch.finfo(rest.dtype).tiny), "
+                           "p[index, current + 1])", "rest = torch.where(total > 0, rest, p[index, current + 1])"),
+    "wrong residual": ("rest = residual.scatter(1, token, 0.0)", "rest = residual.clone()"),
+}
+
+
+def _mutate(monkeypatch, rule: str) -> None:
+    import inspect
+    import textwrap
+
+    source = textwrap.dedent(inspect.getsource(verify._sampled))
+    line, replacement = MUTANTS[rule]
+    assert source.count(line) == 1, f"verify._sampled changed: update the {rule!r} mutant"
+    namespace = dict(vars(verify))
+    exec(compile(source.replace(line, replacement), verify.__file__, "exec"), namespace)
+    monkeypatch.setattr(verify, "_sampled", namespace["_sampled"])
+
+
+@pytest.mark.parametrize("rule", ["correct", "no renormalisation", "wrong residual"])
+def test_sampled_siblings_follow_the_target_and_each_plausible_wrong_rule_fails_with_power(monkeypatch, rule):
+    """The first token after a root of four sibling candidates (the target's likeliest, so each rejection matters):
+    its law is the target's (chi-square, p > 1e-3). Each plausible wrong rule (:data:`MUTANTS`, the engine's own code
+    with one line changed) has an exact law of its own (:func:`first_token_law`), from which the test's power
+    against it is computed before sampling: at least 99%; the mutant then fails the same test."""
+    from scipy.stats import chi2, ncx2
+    from test_sampling import chi2_pvalue
+
+    tiny = tiny_llama(seed=0, vocab=VOCAB)
+    with torch.inference_mode():
+        p = torch.softmax(tiny(torch.tensor([PROMPT])).logits[0, -1].double(), -1).tolist()
+    children = sorted(range(VOCAB), key=lambda t: -p[t])[:4]
+    assert first_token_law(p, children, "correct") == pytest.approx(p, abs=1e-12)  # the rule is lossless
+    if rule != "correct":
+        law = first_token_law(p, children, rule)
+        noncentrality = SAMPLES * sum((m - q) ** 2 / q for m, q in zip(law, p, strict=True))
+        power = ncx2.sf(chi2.isf(1e-3, VOCAB - 1), VOCAB - 1, noncentrality)
+        assert power >= 0.99, (rule, noncentrality, power)
+        _mutate(monkeypatch, rule)
+    firsts, draft = [], RootSiblings(tiny, 4)
+    for batch in range(SAMPLES // 250):  # one step per row: a stop after its first token
+        outputs, _ = speculative_generate_batch(tiny, draft, [PROMPT] * 250, 5, num_draft_tokens=4, do_sample=True,
+                                                seed=batch, stops=[lambda new: 1] * 250)
+        firsts.extend(out[0] for out in outputs)
+    observed = Counter((token,) for token in firsts)
+    pvalue = chi2_pvalue(observed, {(t,): p[t] for t in range(VOCAB)}, [(t,) for t in range(VOCAB)], len(firsts))
+    assert (pvalue > 1e-3) == (rule == "correct"), (rule, pvalue)

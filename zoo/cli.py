@@ -297,23 +297,30 @@ def results(
     prune: Annotated[bool, typer.Option("--prune", help="Remove the matching results (with --target, --draft, "
                                         "--stale or --all).")] = False,
     draft: Annotated[Optional[str], typer.Option(help="With --prune: this draft's results.")] = None,
-    stale: Annotated[bool, typer.Option("--stale", help="With --prune: results today's code no longer uses (older "
-                                        "schema or specdraft-eval, runtime unknown).")] = False,
+    stale: Annotated[bool, typer.Option("--stale", help="Results today's code no longer uses (older schema or "
+                                        "specdraft-eval, runtime unknown, a draft kind's implementation replaced); "
+                                        "with --prune: remove them.")] = False,
     everything: Annotated[bool, typer.Option("--all", help="With --prune: every result.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """List this machine's results store (what draft=auto reads first), or prune it."""
+    from specdraft_eval.drafts.spec import replaced
     from specdraft_eval.measure import store
 
+    def kinds_replaced(record) -> list[str]:
+        return replaced(record.draft, record.kind_versions)
+
     if prune:
-        removed = store.prune(target, draft, stale, everything)
+        removed = store.prune(target, draft, stale, everything, kinds_replaced)
         return emit({"removed": [str(p) for p in removed], "store": str(store.store_dir())}, as_json)
-    if draft or stale or everything:
-        raise SpecdecError("--draft, --stale and --all choose what --prune removes: add --prune")
+    if draft or everything:
+        raise SpecdecError("--draft and --all choose what --prune removes: add --prune")
     rows = [{"written": s.written[:19], "origin": s.origin, "target": s.record.target, "draft": s.record.draft,
              "γ": s.record.num_draft_tokens, "dynamic": s.record.dynamic_gamma, "batch": s.record.batch_size,
              "speedup": s.record.total.speedup, "TAR": s.record.total.tar, "code": s.record.code_version,
-             "file": s.path.name} for s in store.entries(target)]
+             "stale": ", ".join(kinds_replaced(s.record)) or ("yes" if store.is_stale(s.record) else ""),
+             "file": s.path.name} for s in store.entries(target)
+            if not stale or store.is_stale(s.record, kinds_replaced)]
     if as_json:
         return emit({"store": str(store.store_dir()), "results": rows}, True)
     rows = [{k: v for k, v in row.items() if k != "file"} for row in rows]  # the text table within 120 columns

@@ -9,6 +9,7 @@ import random
 import sysconfig
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import islice, zip_longest
 from pathlib import Path
 
@@ -117,21 +118,34 @@ def python_prompts(seed: int = 0) -> Iterator[Prompt]:
                          "\n".join(lines[start:docstring.end_lineno]) + "\n")
 
 
-HELD_OUT_TAIL = 160
-"""Characters at the end of a held-out document (a HumanEval docstring's examples, an MMLU question and its
-options) that identify it in a user's prompts."""
+HELD_OUT_WORDS = 16
+"""Consecutive words (whitespace aside) of a held-out document that identify it in a user's text: any such window
+of it that no held-in document shares (the MMLU-CoT prompts share their worked examples)."""
 
 
-def check_held_in(text: str, spec: str) -> None:
-    """One line if a user's prompt file holds one of the documents the evaluations use (the first :data:`HELD_OUT`
-    of each bundled task; found by its last :data:`HELD_OUT_TAIL` characters, whitespace aside, wherever the file's
-    blank lines cut it): nothing is built from them."""
-    flat = " ".join(text.split())
-    for task, held in HELD_OUT.items():
-        for i, document in enumerate(task_prompts(task)[:held]):
-            if " ".join(document.split())[-HELD_OUT_TAIL:] in flat:
-                raise SpecdecError(f"prompt file {spec} holds {task}#{i}, a document the evaluations use: remove "
-                                   "it (drafts learn only from held-in text)")
+@lru_cache(maxsize=1)
+def held_out_windows() -> dict[tuple[str, ...], str]:
+    """Every window of :data:`HELD_OUT_WORDS` words of a document the evaluations use (the first :data:`HELD_OUT` of
+    each bundled task) that is in no held-in document, with the document's name (``TASK#INDEX``)."""
+    def windows(text: str) -> set[tuple[str, ...]]:
+        words = text.split()
+        return {tuple(words[i: i + HELD_OUT_WORDS]) for i in range(len(words) - HELD_OUT_WORDS + 1)}
+
+    shared = set().union(*(windows(doc) for task, held in HELD_OUT.items() for doc in task_prompts(task)[held:]))
+    return {window: f"{task}#{i}" for task, held in HELD_OUT.items()
+            for i, doc in enumerate(task_prompts(task)[:held]) for window in windows(doc) - shared}
+
+
+def check_held_in(text: str, spec: str, what: str = "prompt file") -> None:
+    """One line if ``text`` (a user's prompts, calibration text or training text) holds any part of a document the
+    evaluations use: :data:`HELD_OUT_WORDS` consecutive words of it that no held-in document shares, wherever they
+    are and however the text is cut or spaced. Nothing is built from them."""
+    known, words = held_out_windows(), text.split()
+    for i in range(len(words) - HELD_OUT_WORDS + 1):
+        name = known.get(tuple(words[i: i + HELD_OUT_WORDS]))
+        if name is not None:
+            raise SpecdecError(f"{what} {spec} holds part of {name}, a document the evaluations use: remove it "
+                               "(drafts learn only from held-in text)")
 
 
 def pad_id(tokenizer) -> int:

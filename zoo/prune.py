@@ -27,7 +27,7 @@ from specdraft_eval.integration.offline_data import (
 )
 from specdraft_eval.models.targets import LoadSettings
 from zoo.built import Built
-from zoo.held_in import HELD_OUT, check_out
+from zoo.held_in import HELD_OUT, check_held_in, check_out
 from zoo.progress import Tick, no_progress
 
 SELECTIONS = ("first", "uniform", "block-influence")
@@ -35,7 +35,8 @@ DEFAULT_CALIBRATION = "default"
 
 
 def calibration_texts(spec: str | None) -> list[str]:
-    """Calibration text: a file, a bundled task's prompts, literal text, or the default held-in split.
+    """Calibration text: a file, a bundled task's held-in prompts, literal text, or the default held-in split (a file
+    or text holding part of a document the evaluations use is refused: :func:`~zoo.held_in.check_held_in`).
 
     The default (humaneval[40:] solutions + mmlu_cot[80:] worked answers) holds out the first 40 and 80
     documents: what ``lm_eval --limit`` and ``zoo rank --measure`` evaluate on.
@@ -45,7 +46,9 @@ def calibration_texts(spec: str | None) -> list[str]:
             f"Q: {d['question']}\n{d['worked_answer']}" for d in mmlu_cot_docs()[HELD_OUT["specdec_mmlu_cot"]:]
         ]
     if spec.startswith("specdec_"):
-        return task_prompts(spec)
+        if spec not in HELD_OUT:
+            raise SpecdecError(f"unknown calibration task {spec!r}: give {', '.join(HELD_OUT)}, a text file or text")
+        return task_prompts(spec)[HELD_OUT[spec]:]  # its held-in documents: never those the evaluations use
     if os.path.sep in spec or spec.endswith((".txt", ".md", ".jsonl")):
         try:
             text = Path(spec).read_text(encoding="utf-8", errors="replace")
@@ -54,7 +57,9 @@ def calibration_texts(spec: str | None) -> list[str]:
                                "file") from None
         if not text.strip():
             raise SpecdecError(f"calibration file {spec} is empty: give text to calibrate on")
+        check_held_in(text, spec, "calibration file")
         return [text]
+    check_held_in(spec, repr(spec[:40]), "calibration text")
     return [spec]
 
 

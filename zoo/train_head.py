@@ -56,7 +56,7 @@ from specdraft_eval.files import atomic_output, write_json
 from specdraft_eval.models import kernels
 from specdraft_eval.models.targets import LoadSettings
 from zoo.built import Built
-from zoo.held_in import DEFAULT_PROMPTS, HELD_OUT, check_out, generate_batches, ngram_prompts, pad_id
+from zoo.held_in import DEFAULT_PROMPTS, HELD_OUT, check_held_in, check_out, generate_batches, ngram_prompts, pad_id
 from zoo.progress import Tick, no_progress
 from zoo.regenerate import read_rows
 
@@ -186,7 +186,10 @@ def teacher_forced(target, tokenizer, settings: HeadTraining, tick: Tick,
     eos = tokenizer.eos_token_id
     stream: list[int] = []
     for path in text_files(settings.text, settings.seed):
-        stream += tokenizer(path.read_text(errors="ignore")).input_ids + [eos]
+        text = path.read_text(errors="ignore")
+        if settings.text != PYTHON_TEXT:  # a user's text: never the evaluations' documents
+            check_held_in(text, str(path), "--text file")
+        stream += tokenizer(text).input_ids + [eos]
         if len(stream) >= settings.text_tokens:
             break
     width = settings.context

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from specdraft_eval.drafts.spec import kind_versions
 from specdraft_eval.engine.loop import autoregressive_generate_batch
 from specdraft_eval.engine.params import DecodeParams, RunSettings, text_stop
 from specdraft_eval.engine.session import Session
@@ -31,6 +32,7 @@ from specdraft_eval.integration.offline_data import TASK_STOPS, task_prompts
 from specdraft_eval.measure import store
 from specdraft_eval.measure.environment import hardware
 from specdraft_eval.measure.record import SpecdecRecord
+from specdraft_eval.measure.stats import GenerationStats
 from specdraft_eval.models.targets import LoadSettings, runtime_of
 from zoo.held_in import tuning_prompts
 from zoo.plotting import png_bytes
@@ -88,8 +90,9 @@ class _Prompts:
 
 def _decode_round(target, tokenizer, survivors: list[Contender], sessions: dict[int, Session], prompts: _Prompts,
                   indices: list[int], batch_size: int, task: str, tick: Tick) -> None:
-    """Every survivor decodes ``indices`` (``batch_size`` at a time), plain decoding once, interleaved per batch;
-    each survivor's stats gain its own and plain decoding's of the same batches."""
+    """Every survivor decodes ``indices`` (``batch_size`` at a time), plain decoding once, interleaved per batch
+    (plain decoding first in every other batch, after the survivors in the others: neither side always runs on the
+    warmer machine); each survivor's stats gain its own and plain decoding's of the same batches."""
     params = DecodeParams(MAX_NEW_TOKENS)
 
     def stops(rows: int):
@@ -98,18 +101,29 @@ def _decode_round(target, tokenizer, survivors: list[Contender], sessions: dict[
     for start in range(0, len(indices), batch_size):
         chunk = indices[start:start + batch_size]
         batch = [prompts.ids[i] for i in chunk]
-        outputs, plain = autoregressive_generate_batch(target, batch, params, stops=stops(len(batch)))
-        for i, output in zip(chunk, outputs, strict=True):
-            prompts.expected[i] = output
-        tick()
+        plain_first = chunk[0] // batch_size % 2 == 0  # alternating over the whole tuning, rounds included
+        plain = _plain(target, batch, chunk, params, stops, prompts, tick) if plain_first else None
+        results = []
         for contender in survivors:
-            result = sessions[id(contender)].generate(batch, params, lambda rows=len(batch): stops(rows), task)
+            results.append(sessions[id(contender)].generate(batch, params, lambda rows=len(batch): stops(rows), task))
+            tick()
+        plain = plain or _plain(target, batch, chunk, params, stops, prompts, tick)
+        for contender, result in zip(survivors, results, strict=True):
             for i, output in zip(chunk, result.outputs, strict=True):
                 if output != prompts.expected[i]:
                     raise SpecdecError(f"draft {contender.drafter.name}: prompt {i} differs from plain "
                                        "decoding: a bug, please report it with this command")
             contender.add(result.stats + plain, len(batch))
-            tick()
+
+
+def _plain(target, batch: list[list[int]], chunk: list[int], params: DecodeParams, stops, prompts: _Prompts,
+           tick: Tick) -> GenerationStats:
+    """Plain decoding of one batch: its outputs become the prompts' expected ones; its stats."""
+    outputs, plain = autoregressive_generate_batch(target, batch, params, stops=stops(len(batch)))
+    for i, output in zip(chunk, outputs, strict=True):
+        prompts.expected[i] = output
+    tick()
+    return plain
 
 
 def cached_catalog_drafts(target_name: str) -> list[str]:
@@ -167,7 +181,7 @@ def tune(target_name: str, task: str, settings: LoadSettings, batch_size: int = 
     for contender in halving.alive:
         record = SpecdecRecord.new(target_name, contender.drafter.name, contender.policy.num_draft_tokens, True,
                                    model.device, {task: contender.stats}, contender.drafter.model, runtime=runtime,
-                                   batch_size=batch_size)
+                                   batch_size=batch_size, kind_versions=kind_versions(contender.drafter.name))
         result.stored.append(str(store.save(record, "zoo tune")))
     result.seconds = clock() - started  # the tuning's own time; the evaluation's is apart
     evaluated, result.evaluation_seconds = (_evaluate(target, found, task, evaluate, batch_size, tick)

@@ -244,7 +244,8 @@ def validate(target, target_name: str, drafters: list, prompts: dict[str, list[l
             for drafter in drafters:
                 for gamma in gammas:
                     for dynamic_gamma in (False, True) if dynamic else (False,):
-                        run = [_request(target, drafter, ids, max_new_tokens, gamma, dynamic_gamma,
+                        fresh = drafter.fresh()  # no earlier repeat's or γ's outputs in its state
+                        run = [_request(target, fresh, ids, max_new_tokens, gamma, dynamic_gamma,
                                         sittings[contexts[len(ids)]]) for ids in task_prompts]
                         runs.setdefault((task, drafter, gamma, dynamic_gamma), []).append(run)
                         on_run()

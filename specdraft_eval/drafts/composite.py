@@ -36,6 +36,10 @@ class CompositeDrafter(DrafterBase):
             if part.taps:
                 part.observe(features)
 
+    def see(self, tokens: list[int]) -> None:
+        for part in self.parts:
+            part.see(tokens)
+
     @property
     def model(self):
         """The model of the first part that has one (its weights and depth are what the record reports)."""
@@ -59,6 +63,9 @@ class CompositeDrafter(DrafterBase):
     def reset(self, capacity: int | None = None) -> None:
         for part in self.parts:
             part.reset(capacity)
+
+    def fresh(self) -> CompositeDrafter:
+        return CompositeDrafter([part.fresh() for part in self.parts])
 
     def fork(self) -> CompositeDrafter:
         twin = CompositeDrafter([part.fork() for part in self.parts])

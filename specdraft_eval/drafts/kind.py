@@ -59,6 +59,10 @@ class DraftKind:
     usage: str = ""
     summary: str = ""
     path_marker: str | None = None
+    version: int = 1
+    """The implementation's version: raise it when a change makes the kind draft differently, so that records
+    measured by the replaced implementation (:func:`replaced`) are found (``zoo results --stale``) and no longer
+    chosen by ``draft=auto``."""
     parameters: tuple[str, ...] = ()
     """Settings of the kind that model_args may also give (``max_tree_depth=64``), folded into the draft string by
     :meth:`with_parameters`, so that the string alone names the configuration measured."""
@@ -167,3 +171,4 @@ def register(kind: DraftKind) -> None:
 def all_candidates(target_layers: int) -> list[Candidate]:
     """Every kind's configurations worth trying for a target of ``target_layers`` decoder layers."""
     return [found for kind in draft_kinds().values() for found in kind.candidates(target_layers)]
+

@@ -18,15 +18,19 @@ DRAFT_VOCAB_FILE = "draft_vocab.json"
 
 
 def choose(logits: torch.Tensor, samplers: list[Sampler], ids: torch.Tensor | None,
-           vocab_size: int) -> tuple[list[int], torch.Tensor | None]:
+           vocab_size: int, drawing: list[bool] | None = None) -> tuple[list[int], torch.Tensor | None]:
     """Each row's drafted token id (one host read for all rows) and, when sampling, its distribution over the
     target's ``vocab_size`` tokens (``[rows, vocab_size]``); ``logits`` ``[rows, head vocabulary]``, over the reduced
-    head's token ``ids`` when given (zero probability elsewhere). Row i samples with ``samplers[i]``'s generator."""
+    head's token ``ids`` when given (zero probability elsewhere). Row i samples with ``samplers[i]``'s generator
+    where ``drawing[i]`` (default: every row); a row past its own budget takes the argmax and draws nothing, so that
+    its stream is what it would be alone."""
     if not samplers[0].do_sample:
         index = logits.argmax(-1)
         return host.read(ids[index] if ids is not None else index), None
     probs = samplers[0].probs(logits)  # [rows, head vocabulary]
-    index = torch.stack([sampler.sample(probs[i: i + 1])[0] for i, sampler in enumerate(samplers)])
+    drawing = drawing or [True] * len(samplers)
+    index = torch.stack([sampler.sample(probs[i: i + 1])[0] if draws else probs[i].argmax()
+                         for i, (sampler, draws) in enumerate(zip(samplers, drawing, strict=True))])
     if ids is None:
         return host.read(index), probs
     full = torch.zeros(len(samplers), vocab_size, dtype=probs.dtype, device=probs.device)
@@ -34,15 +38,17 @@ def choose(logits: torch.Tensor, samplers: list[Sampler], ids: torch.Tensor | No
     return host.read(ids[index]), full
 
 
-def draft_chains(logits: torch.Tensor, depth: int, samplers: list[Sampler], ids: torch.Tensor | None,
+def draft_chains(logits: torch.Tensor, budgets: list[int], samplers: list[Sampler], ids: torch.Tensor | None,
                  vocab_size: int, advance: Callable[[list[int]], torch.Tensor]) -> list[Proposal]:
-    """Each row's chain of ``depth`` tokens, drafted autoregressively for all rows at once: :func:`choose` from
-    ``logits`` (``[rows, head vocabulary]``), then ``advance(chosen)`` runs the draft one position further and gives
-    the next logits (not called after the last)."""
+    """Each row's chain of ``budgets[row]`` tokens, drafted autoregressively for all rows at once (as deep as the
+    largest budget; a row draws samples for its own budget only, then is cut there): :func:`choose` from ``logits``
+    (``[rows, head vocabulary]``), then ``advance(chosen)`` runs the draft one position further and gives the next
+    logits (not called after the last)."""
     chains: list[list[int]] = [[] for _ in samplers]
     probs: list[torch.Tensor] = []  # per position: [rows, vocab]
+    depth = max(budgets)
     for i in range(depth):
-        chosen, distribution = choose(logits, samplers, ids, vocab_size)
+        chosen, distribution = choose(logits, samplers, ids, vocab_size, [i < budget for budget in budgets])
         for chain, token in zip(chains, chosen, strict=True):
             chain.append(token)
         if distribution is not None:
@@ -50,7 +56,8 @@ def draft_chains(logits: torch.Tensor, depth: int, samplers: list[Sampler], ids:
         if i + 1 < depth:
             logits = advance(chosen)
     stacked = torch.stack(probs, 1) if probs else None  # [rows, depth, vocab]
-    return [Proposal(chain, None if stacked is None else stacked[j]) for j, chain in enumerate(chains)]
+    return [Proposal(chain[:budget], None if stacked is None else stacked[j, :budget])
+            for j, (chain, budget) in enumerate(zip(chains, budgets, strict=True))]
 
 
 class ModelDrafter(DrafterBase):
@@ -125,6 +132,9 @@ class ModelRows:
         self.mark = self.mark.select(rows) if self.mark is not None else None
         self.count, self.cached, self.own = len(rows), [self.cached[r] for r in rows], [self.own[r] for r in rows]
 
+    def see(self, tokens: list[list[int]], rows: list[int]) -> None:
+        """Nothing kept of what the run generates: the cache follows the rows through propose and observe."""
+
     def observe(self, row: int, features: torch.Tensor) -> None:
         """A model draft reads no features."""
 
@@ -174,7 +184,7 @@ class ModelRows:
             return proposals
         logits = self._feed([tokens[row][len(self.cached[row]):] if row in drafting else []
                              for row in range(self.count)])[drafting]
-        depth, drafter = max(budgets[row] for row in drafting), self.drafter
+        drafter = self.drafter
         self.mark = self.cache.mark()
 
         def advance(chosen: list[int]) -> torch.Tensor:
@@ -184,10 +194,8 @@ class ModelRows:
                 self.own[row] += 1
             return self._feed(feeding)[drafting]
 
-        drafted = draft_chains(logits, depth, [samplers[row] for row in drafting], drafter._ids, drafter.vocab_size,
-                               advance)
+        drafted = draft_chains(logits, [budgets[row] for row in drafting], [samplers[row] for row in drafting],
+                               drafter._ids, drafter.vocab_size, advance)
         for row, proposal in zip(drafting, drafted, strict=True):
-            budget = budgets[row]
-            proposals[row] = Proposal(proposal.tokens[:budget], None if proposal.probs is None
-                                      else proposal.probs[:budget])
+            proposals[row] = proposal
         return proposals

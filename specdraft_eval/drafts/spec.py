@@ -109,3 +109,26 @@ class DraftSpec:
     @classmethod
     def composite(cls, parts: list[DraftSpec]) -> DraftSpec:
         return parts[0] if len(parts) == 1 else cls(COMPOSITE, None, tuple(parts))
+
+
+def kind_versions(draft: str) -> dict[str, int]:
+    """The implementation version of each registered kind ``draft`` uses, for a record's ``kind_versions``: those
+    past version 1 only (a kind missing is version 1, as in files from before versions were recorded, so that both
+    merge)."""
+    kinds = draft_kinds()
+    spec = DraftSpec.parse(draft, kinds)
+    return {} if spec.kind == AUTO else {leaf.kind: kinds[leaf.kind].version for leaf in spec.leaves()
+                                         if leaf.kind in kinds and kinds[leaf.kind].version != 1}
+
+
+def replaced(draft: str, recorded: dict[str, int]) -> list[str]:
+    """The kinds of ``draft`` whose implementation changed since a record with ``recorded`` versions was measured
+    (a kind missing from ``recorded``: version 1), as ``kind vN (now vM)``; [] when none did or the draft no longer
+    parses."""
+    kinds = draft_kinds()
+    try:
+        used = {leaf.kind for leaf in DraftSpec.parse(draft, kinds).leaves() if leaf.kind in kinds}
+    except SpecdecError:
+        return []
+    return [f"{kind} v{recorded.get(kind, 1)} (now v{kinds[kind].version})" for kind in sorted(used)
+            if recorded.get(kind, 1) != kinds[kind].version]

@@ -120,7 +120,7 @@ class SuffixCache:
         except ImportError:
             raise SpecdecError("draft=suffix runs ArcticInference's suffix tree (vLLM's), which is not installed: "
                                f"run scripts/setup.sh, or {INSTALL}") from None
-        self.settings = settings
+        self.settings, self.warm = settings, warm
         self.cache = SuffixDecodingCache(settings.max_tree_depth, settings.max_cached_requests)
         self.sizes: dict[int, int] = {}  # request id -> response tokens added (evicted ones are not counted)
         self.owners: dict[int, weakref.ref] = {}  # active request -> its drafter
@@ -184,7 +184,13 @@ class SuffixDrafter(DrafterBase):
     def fork(self) -> SuffixDrafter:
         return SuffixDrafter(self.cache)
 
-    def propose(self, tokens: list[int], num_tokens: int, sampler: Sampler) -> Proposal:
+    def fresh(self) -> SuffixDrafter:
+        """A new cache holding only the warm start (``suffix:DIR``'s continuations), none of the responses."""
+        return SuffixDrafter(SuffixCache(self.settings, self.cache.warm))
+
+    def see(self, tokens: list[int]) -> None:
+        """As vLLM's proposer after every step: a new generation starts a request with its prompt (the first
+        sequence seen), and every token generated since joins the cache, the last step's included."""
         known = len(self.known)
         if self.request is not None and (len(tokens) < known or tokens[known - 1] != self.known[-1]):
             self.reset()  # another generation's tokens: this one ended
@@ -193,6 +199,9 @@ class SuffixDrafter(DrafterBase):
         else:
             self.cache.add(self.request, tokens[known:])
         self.known = tokens
+
+    def propose(self, tokens: list[int], num_tokens: int, sampler: Sampler) -> Proposal:
+        self.see(tokens)  # (the engine has shown them already; a caller without the engine has not)
         if num_tokens < 1:
             return Proposal([])
         s = self.settings

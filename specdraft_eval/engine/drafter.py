@@ -121,6 +121,12 @@ class Drafter(Protocol):
         drafter may return itself)."""
         ...
 
+    def fresh(self) -> Drafter:
+        """A drafter with the same weights, tables and warm start but none of the state earlier generations left
+        (a suffix cache's responses): what every measurement starts from, so that no repeat, γ policy or batch size
+        inherits another's corpus. A drafter whose state ends with each generation may return itself."""
+        ...
+
     drafts_trees: bool
     """Whether ``propose`` may return token trees (a compiled run then also warms up the tree step)."""
 
@@ -131,6 +137,12 @@ class Drafter(Protocol):
     def observe(self, features: torch.Tensor) -> None:
         """Feedback after each target pass (prefill and verification): ``[n, len(taps) * hidden]``, the target's
         hidden states at ``taps`` for the n positions this row kept, in order. Called only when ``taps``."""
+        ...
+
+    def see(self, tokens: list[int]) -> None:
+        """The row's whole sequence after its prefill and after every step, drafted or not, its last step's
+        included (vLLM's proposers see every step's sampled tokens): a draft that keeps what a run generates (a
+        suffix cache) adds them; others ignore it."""
         ...
 
     def rows(self, count: int) -> Rows:
@@ -164,6 +176,12 @@ class Rows(Protocol):
         """:meth:`Drafter.observe` for one row."""
         ...
 
+    def see(self, tokens: list[list[int]], rows: list[int]) -> None:
+        """:meth:`Drafter.see` for each of ``rows`` (``tokens``: every live row's sequence): after the prefill
+        every row, after a step the rows it finished (a row that goes on sees its tokens when next asked to
+        :meth:`propose`, whatever its budget, as vLLM's proposer adds a request's tokens just before drafting)."""
+        ...
+
     def select(self, rows: list[int]) -> None:
         """Only the live ``rows`` stay (the others finished), in this order."""
         ...
@@ -184,11 +202,15 @@ class PerRow:
         return [self.drafters[row].catch_up(tokens[row]) for row in rows]
 
     def propose(self, tokens: list[list[int]], budgets: list[int], samplers: list[Sampler]) -> list[Proposal]:
-        return [drafter.propose(sequence, budget, sampler) if budget > 0 else Proposal([])
+        return [drafter.propose(sequence, budget, sampler) if budget > 0 else drafter.see(sequence) or Proposal([])
                 for drafter, sequence, budget, sampler in zip(self.drafters, tokens, budgets, samplers, strict=True)]
 
     def observe(self, row: int, features: torch.Tensor) -> None:
         self.drafters[row].observe(features)
+
+    def see(self, tokens: list[list[int]], rows: list[int]) -> None:
+        for row in rows:
+            self.drafters[row].see(tokens[row])
 
     def select(self, rows: list[int]) -> None:
         self.drafters = [self.drafters[row] for row in rows]
@@ -223,8 +245,15 @@ class DrafterBase:
         """Stateless: every row may share this drafter."""
         return self
 
+    def fresh(self) -> DrafterBase:
+        """No state outlives a generation (``reset`` forgets it): this drafter is already fresh."""
+        return self
+
     def observe(self, features: torch.Tensor) -> None:
         """Nothing to read."""
+
+    def see(self, tokens: list[int]) -> None:
+        """Nothing kept of what the run generates."""
 
     def describe(self) -> dict:
         """No state to report."""

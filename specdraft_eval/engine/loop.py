@@ -67,15 +67,16 @@ def _finish(tokens: list[int], eos: set[int], max_new_tokens: int, stop: StopChe
     return tokens, done
 
 
-def _counted(proposal: Proposal, path: list[int], kept: int) -> tuple[int, int, int]:
-    """(drafted, accepted, depth) to count for a step that emitted ``len(path) + 1`` tokens of which the first
-    ``kept`` stay (a stop cut the rest): all of it when nothing was cut past the accepted path; otherwise the step
-    counts as if its draft had ended at depth ``kept - 1``, as a token budget would have cut it, the token that
-    completes the stop being the step's own (its nodes up to that depth drafted, ``kept - 1`` accepted)."""
+def _counted(proposal: Proposal, path: list[int], kept: int) -> tuple[int, int, int, tuple[int, int] | None]:
+    """(drafted, accepted, depth, uncut) to count for a step that emitted ``len(path) + 1`` tokens of which the
+    first ``kept`` stay (a stop cut the rest): all of it when nothing was cut past the accepted path; otherwise the
+    step counts as if its draft had ended at depth ``kept - 1``, as a token budget would have cut it, the token that
+    completes the stop being the step's own (its nodes up to that depth drafted, ``kept - 1`` accepted), and
+    ``uncut`` keeps its whole (drafted, accepted) for the engines that count before their stop check."""
     if kept > len(path):
-        return len(proposal.tokens), len(path), proposal.depth
+        return len(proposal.tokens), len(path), proposal.depth, None
     depth = kept - 1
-    return sum(1 for d in proposal.depths if d <= depth), depth, depth
+    return sum(1 for d in proposal.depths if d <= depth), depth, depth, (len(proposal.tokens), len(path))
 
 
 def prefill(target, prompts: list[list[int]], cache: BatchCache | None = None) -> BatchCache:
@@ -166,6 +167,8 @@ def _steps(target, cache: BatchCache, rows: list[_Row], drafters: Rows, params: 
             else:
                 staying.append(position)
         if len(staying) < len(rows):
+            drafters.see([row.prompt + row.new for row in rows],  # the finished rows' last step
+                         [i for i in range(len(rows)) if i not in staying])
             rows = [rows[i] for i in staying]
             if rows:
                 cache.select(staying)
@@ -173,8 +176,19 @@ def _steps(target, cache: BatchCache, rows: list[_Row], drafters: Rows, params: 
     return finished, clocked
 
 
+def repeat_indices(prompts: Sequence[Sequence[int]]) -> list[int]:
+    """Each prompt's repeat: how many earlier prompts of the list are the same request (0 for its first copy)."""
+    seen: dict[tuple[int, ...], int] = {}
+    repeats = []
+    for prompt in prompts:
+        key = tuple(prompt)
+        repeats.append(seen.get(key, 0))
+        seen[key] = repeats[-1] + 1
+    return repeats
+
+
 def _decode(target, draft: Drafter, prompts: list[list[int]], params: DecodeParams, run: RunSettings, *,
-            stops: list[StopCheck | None], controller: GammaController | FixedGamma
+            stops: list[StopCheck | None], controller: GammaController | FixedGamma, repeats: list[int]
             ) -> tuple[list[list[int]], GenerationStats]:
     """The loop every generation runs: prefill all rows, then draft every row, verify all rows in one target pass,
     and let rows leave as they finish. Returns each row's new tokens and the batch's stats (counters summed over
@@ -198,10 +212,11 @@ def _decode(target, draft: Drafter, prompts: list[list[int]], params: DecodePara
         cache.step = static.step if static else None
         decode_start = clock(device)
         compiles, reads = graphs.compiled_graphs(), host.reads()
-        rows = [_Row(i, prompt, params.sampler(device), stop)
-                for i, (prompt, stop) in enumerate(zip(prompts, stops, strict=True))]
+        rows = [_Row(i, prompt, params.sampler(device, prompt, repeat), stop)
+                for i, (prompt, stop, repeat) in enumerate(zip(prompts, stops, repeats, strict=True))]
         drafters = draft.rows(len(rows))
         drafters.reset(longest if run.static_cache else None)
+        drafters.see([row.prompt for row in rows], list(range(len(rows))))
         for row in rows:
             row.stats = GenerationStats(generations=1, prompt_tokens=len(row.prompt))
             if prefilled is not None:
@@ -229,12 +244,15 @@ def _decode(target, draft: Drafter, prompts: list[list[int]], params: DecodePara
 def speculative_generate_batch(target, draft: Drafter, prompts: Sequence, params: DecodeParams | int | None = None, *,
                                run: RunSettings | None = None, stops: Sequence[StopCheck | None] | None = None,
                                gamma_controller: GammaController | None = None,
+                               repeats: Sequence[int] | None = None,
                                **settings) -> tuple[list[list[int]], GenerationStats]:
     """:func:`speculative_generate` for several prompts at once: one target pass verifies every row's draft, rows
     accept different numbers of tokens and leave when they finish (EOS, budget or their own ``stops`` check).
-    Each row drafts with its own copy of ``draft``'s state and samples with its own generator seeded with
-    ``params.seed``, so each row's output is what :func:`speculative_generate` gives for it alone (greedy: token
-    for token). Returns each row's new tokens and the batch's stats (counters summed over rows, wall times once).
+    Each row drafts with its own copy of ``draft``'s state and samples from its own stream, seeded from
+    ``params.seed``, its prompt and its repeat (``repeats``: which copy of its request each row is; default: how
+    many earlier rows of this batch have the same prompt), so each row's output is what
+    :func:`speculative_generate` gives for it alone (greedy: token for token; seeded sampling: draw for draw).
+    Returns each row's new tokens and the batch's stats (counters summed over rows, wall times once).
     ``settings``: the request's fields and the run's (:meth:`RunSettings.of`) as keywords."""
     run = RunSettings.of(run, settings)
     params = DecodeParams.of(params, **settings)
@@ -245,13 +263,14 @@ def speculative_generate_batch(target, draft: Drafter, prompts: Sequence, params
         alone = [GenerationStats(generations=1, prompt_tokens=len(c)) for c in checked]
         return [[] for _ in prompts], sum(alone, GenerationStats(per_request=alone))
     rows_stops = list(stops) if stops is not None else [None] * len(prompts)
+    rows_repeats = list(repeats) if repeats is not None else repeat_indices(checked)
     return _decode(target, draft, checked, params, run, stops=rows_stops,
-                   controller=gamma_controller or run.gamma.controller())
+                   controller=gamma_controller or run.gamma.controller(), repeats=rows_repeats)
 
 
 def speculative_generate(target, draft: Drafter, input_ids, params: DecodeParams | int | None = None, *,
                          run: RunSettings | None = None, stop: StopCheck | None = None,
-                         gamma_controller: GammaController | None = None,
+                         gamma_controller: GammaController | None = None, repeat: int = 0,
                          **settings) -> tuple[list[int], GenerationStats]:
     """Generate up to ``max_new_tokens`` tokens after ``input_ids`` with ``target``, drafting with ``draft``.
 
@@ -261,21 +280,26 @@ def speculative_generate(target, draft: Drafter, input_ids, params: DecodeParams
     :class:`GenerationStats`. ``dynamic_gamma`` lets :class:`~specdraft_eval.engine.gamma.GammaController` choose γ each
     step (0 to 4×``num_draft_tokens``) from this generation's measured latencies and acceptance; pass the same
     ``gamma_controller`` to every generation of a run to let it learn from all of them (implies dynamic γ).
+    With ``seed``, ``repeat`` picks the request's sample stream (0, 1, ...: distinct samples of one prompt).
     """
     outputs, stats = speculative_generate_batch(target, draft, [_prompt_list(input_ids)], params, run=run,
-                                                 stops=[stop], gamma_controller=gamma_controller, **settings)
+                                                 stops=[stop], gamma_controller=gamma_controller, repeats=[repeat],
+                                                 **settings)
     return outputs[0], stats
 
 
 def autoregressive_generate_batch(target, prompts: Sequence, params: DecodeParams | int | None = None, *,
                                   run: RunSettings | None = None, stops: Sequence[StopCheck | None] | None = None,
+                                  repeats: Sequence[int] | None = None,
                                   **settings) -> tuple[list[list[int]], GenerationStats]:
     """Plain token-by-token decoding of several prompts through the same loop, cache and timing path (the speedup
     baseline): the speculative loop with a draft that proposes nothing. Stats hold baseline tokens and seconds."""
     run = replace(RunSettings.of(run, settings), gamma=GammaPolicy(1))
     params = DecodeParams.of(params, **settings)
-    outputs, stats = speculative_generate_batch(target, NoDraft(), prompts, params, run=run, stops=stops)
+    outputs, stats = speculative_generate_batch(target, NoDraft(), prompts, params, run=run, stops=stops,
+                                                repeats=repeats)
     return outputs, GenerationStats(baseline_tokens=stats.generated_tokens, baseline_seconds=stats.decode_seconds,
+                                    baseline_prefill_seconds=stats.prefill_seconds,
                                     compile_seconds=stats.compile_seconds, recompiles=stats.recompiles,
                                     per_request=[GenerationStats(baseline_tokens=r.generated_tokens,
                                                                  baseline_seconds=r.decode_seconds)
@@ -283,11 +307,11 @@ def autoregressive_generate_batch(target, prompts: Sequence, params: DecodeParam
 
 
 def autoregressive_generate(target, input_ids, params: DecodeParams | int | None = None, *,
-                            run: RunSettings | None = None, stop: StopCheck | None = None,
+                            run: RunSettings | None = None, stop: StopCheck | None = None, repeat: int = 0,
                             **settings) -> tuple[list[int], GenerationStats]:
     """Plain token-by-token decoding of one prompt (:func:`autoregressive_generate_batch` with one row)."""
     outputs, stats = autoregressive_generate_batch(target, [_prompt_list(input_ids)], params, run=run, stops=[stop],
-                                                   **settings)
+                                                   repeats=[repeat], **settings)
     return outputs[0], stats
 
 

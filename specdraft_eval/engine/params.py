@@ -9,7 +9,7 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from specdraft_eval.engine.gamma import GammaController
-from specdraft_eval.engine.sampling import Sampler, make_generator
+from specdraft_eval.engine.sampling import Sampler, make_generator, stream_seed
 from specdraft_eval.errors import SpecdecError
 
 StopCheck = Callable[[list[int]], "int | None"]
@@ -155,9 +155,11 @@ class DecodeParams:
             return replace(params, **settings) if settings else params
         return cls(**settings) if params is None else cls(params, **settings)
 
-    def sampler(self, device: torch.device) -> Sampler:
-        """A sampler with a generator of its own, seeded with ``seed`` (each row of a batch gets one)."""
-        return Sampler(self.do_sample, self.temperature, self.top_k, self.top_p, make_generator(self.seed, device))
+    def sampler(self, device: torch.device, prompt: Sequence[int] = (), repeat: int = 0) -> Sampler:
+        """One row's sampler, with a generator of its own: with ``seed``, seeded for this request (``prompt``) and
+        ``repeat`` of it (:func:`~specdraft_eval.engine.sampling.stream_seed`); without, torch's global one."""
+        seed = None if self.seed is None else stream_seed(self.seed, prompt, repeat)
+        return Sampler(self.do_sample, self.temperature, self.top_k, self.top_p, make_generator(seed, device))
 
     def eos(self, target) -> set[int]:
         """EOS ids: ``eos_token_id``, else the target's generation config's."""

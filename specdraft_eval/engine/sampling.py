@@ -6,6 +6,8 @@ speculative sampling follow the target's warped distribution exactly.
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -58,6 +60,14 @@ class Sampler:
     def sample(self, probs: torch.Tensor) -> torch.Tensor:
         """One token id per row of ``probs``."""
         return torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)
+
+
+def stream_seed(seed: int, prompt: Sequence[int], repeat: int = 0) -> int:
+    """The seed of one row's random stream: derived from the run's ``seed``, the request (its prompt's tokens) and
+    which ``repeat`` of that request it is (lm-eval's ``repeats``: the second copy of a request draws other samples),
+    so that it is the same at any batch size, in any order and on a rerun."""
+    digest = hashlib.blake2b(f"{int(seed)}:{int(repeat)}:{','.join(map(str, prompt))}".encode(), digest_size=8)
+    return int.from_bytes(digest.digest(), "little") & (2**63 - 1)
 
 
 def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator | None:

@@ -31,33 +31,50 @@ class Batch:
     divergences: list[Divergence] = field(default_factory=list)
 
 
+class Alternation:
+    """Which side of a speedup runs first, alternating batch by batch (neither always runs on the warmer machine);
+    sessions sharing one alternate together (``draft=auto``'s contenders, each decoding a batch in turn)."""
+
+    def __init__(self, plain_first: bool = False) -> None:
+        self.plain_first = plain_first  # the next batch's order
+
+    def next(self) -> bool:
+        """Whether the next batch decodes plainly first (and flip for the one after)."""
+        first, self.plain_first = self.plain_first, not self.plain_first
+        return first
+
+
 class Session:
     """Runs requests for one target and drafter under one run's settings, with the baseline and its check."""
 
     def __init__(self, target, drafter: Drafter, run: RunSettings = RunSettings(), baseline: bool = False,
-                 baseline_first: bool = False) -> None:
+                 baseline_first: bool = False, order: Alternation | None = None) -> None:
         self.target, self.drafter, self.run, self.baseline = target, drafter, run, baseline
         self.controller = run.gamma.controller()  # learns about the draft over the whole run
         self.stats: dict[str, GenerationStats] = defaultdict(GenerationStats)
         self.divergences: list[Divergence] = []
         self.batches = 0
-        self.baseline_first = baseline_first  # the first batch's order (then alternating): a caller running many
-        # one-batch sessions alternates it, so neither side always runs first (on the colder memory)
+        # the order of the sides, alternating from the first batch's (``baseline_first``), or shared with other
+        # sessions (``order``): a caller running many one-batch sessions alternates it across them
+        self.order = order or Alternation(baseline_first)
 
     def generate(self, prompts: list[list[int]], params: DecodeParams,
-                 stops: Callable[[], list[StopCheck | None]] | None = None, task: str = "default") -> Batch:
+                 stops: Callable[[], list[StopCheck | None]] | None = None, task: str = "default",
+                 repeats: list[int] | None = None) -> Batch:
         """Generate every prompt of one batch. ``stops`` makes each row's stop checks (called once per side: a check
-        serves one generation)."""
+        serves one generation); ``repeats``: which copy of its request each row is (its sample stream, the same on
+        both sides; default: the engine's count within the batch)."""
         def speculate():
             return speculative_generate_batch(self.target, self.drafter, prompts, params, run=self.run,
-                                              stops=stops() if stops else None, gamma_controller=self.controller)
+                                              stops=stops() if stops else None, gamma_controller=self.controller,
+                                              repeats=repeats)
 
         def plain():
             return autoregressive_generate_batch(self.target, prompts, params, run=self.run,
-                                                 stops=stops() if stops else None)
+                                                 stops=stops() if stops else None, repeats=repeats)
 
         self.batches += 1
-        if self.baseline and (self.batches + self.baseline_first) % 2 == 0:
+        if self.baseline and self.order.next():
             (references, base), (outputs, stats) = plain(), speculate()
         else:
             outputs, stats = speculate()

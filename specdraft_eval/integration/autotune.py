@@ -24,7 +24,7 @@ from specdraft_eval.drafts.kind import Candidate, draft_kinds
 from specdraft_eval.drafts.spec import MODEL, DraftSpec
 from specdraft_eval.engine.drafter import Drafter
 from specdraft_eval.engine.params import GammaPolicy, RunSettings
-from specdraft_eval.engine.session import Batch, Session
+from specdraft_eval.engine.session import Alternation, Batch, Session
 from specdraft_eval.errors import SpecdecError, one_line
 from specdraft_eval.measure.record import Trial
 from specdraft_eval.measure.stats import GenerationStats
@@ -167,8 +167,11 @@ class RunTuner:
     counters restart at the decision (the record keeps the tuning apart: :attr:`trials`)."""
 
     def __init__(self, target_model, contenders: list[Contender], run: RunSettings, baseline: bool) -> None:
-        self.contenders = contenders
-        self.sessions = {id(c): Session(target_model, c.drafter, replace(run, gamma=c.policy), baseline)
+        self.contenders, self.baseline = contenders, baseline
+        order = Alternation()  # plain decoding first every other tuning batch, whichever contender decodes it
+        # while tuning, every contender's batches are decoded plainly too: each is scored by its speedup on its own
+        # requests (tokens/s of different documents would rank the documents), whatever ``baseline`` says
+        self.sessions = {id(c): Session(target_model, c.drafter, replace(run, gamma=c.policy), True, order=order)
                          for c in contenders}
         self._halving = Halving(contenders)
         self._order: Iterator[Contender] | None = None
@@ -213,6 +216,7 @@ class RunTuner:
         self.winner = self._halving.winner
         session = self.sessions[id(self.winner)]
         session.stats.clear()  # from here on, the chosen configuration's own requests
+        session.baseline = self.baseline  # and plain decoding only if the run asked for it
         log.warning("draft=auto tuned on this run's first %d requests: %s (%s)", sum(c.requests for c in
                     self.contenders), self.winner.drafter.name,
                     ", ".join(f"{c.drafter.name} {c.score:.2f}" for c in self.contenders))

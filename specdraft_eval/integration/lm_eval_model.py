@@ -14,8 +14,7 @@ import sys
 import threading
 from collections import Counter, defaultdict
 from dataclasses import replace
-from functools import partial, reduce
-from pathlib import Path
+from functools import partial
 
 import torch
 from lm_eval.api.registry import register_model
@@ -23,13 +22,14 @@ from lm_eval.models.huggingface import HFLM
 
 from specdraft_eval.drafts import load_draft
 from specdraft_eval.drafts.model import ModelDrafter
-from specdraft_eval.drafts.spec import AUTO, AUTO_FIXED, DraftSpec
-from specdraft_eval.engine.params import DecodeParams, RunSettings, row_positions, text_stop
+from specdraft_eval.drafts.spec import AUTO, AUTO_FIXED, DraftSpec, kind_versions
+from specdraft_eval.engine.params import DecodeParams, row_positions, text_stop
 from specdraft_eval.engine.session import Session
 from specdraft_eval.errors import SpecdecError, one_line, raise_terminated
-from specdraft_eval.integration.autotune import IN_RUN_SHARE, RunTuner, candidate_set, contenders
+from specdraft_eval.integration.auto import AutoRun
 from specdraft_eval.integration.model_args import SpecdecArgs, hf_arguments
 from specdraft_eval.integration.recommend import resolve_auto
+from specdraft_eval.integration.task_groups import groups_of
 from specdraft_eval.measure import store
 from specdraft_eval.measure.environment import ModelFacts
 from specdraft_eval.measure.profiles import default_profile_path, read_profile
@@ -99,81 +99,76 @@ class SpecDecLM(HFLM):
         kernel_paths.apply(self.model, args.kernels)  # before the draft, so that a layer view shares packed layers
         target = Target(self.model, self.tokenizer, self.target_name,
                         LoadSettings.of_model(self.model, args.use_kernels))
-        draft, run = args.draft, args.run()
-        self._tuner: RunTuner | None = None
-        spec = DraftSpec.parse(draft)
+        spec = DraftSpec.parse(args.draft)
+        self._auto: AutoRun | None = None
+        self._session: Session | None = None
         if spec.kind == AUTO:
-            chosen = resolve_auto(target, runtime_of(self.model, args.static_cache, args.compile),
-                                  self._requests_per_batch)
-            if chosen.tune and spec.arg != AUTO_FIXED:
-                self._tuner = self._tune(target, run)
-            draft, run = chosen.draft, args.run(chosen.num_draft_tokens, chosen.dynamic_gamma)
-            if self._tuner is None:
-                log.warning("draft=auto for %s: %s, γ %d, dynamic γ %s (%s)", self.target_name, draft,
-                            run.gamma.num_draft_tokens, run.gamma.dynamic, chosen.reason)
-        drafter = self._tuner.contenders[0].drafter if self._tuner else load_draft(draft, target)
-        if args.score == "draft" and (not isinstance(drafter, ModelDrafter) or drafter.reduced_head):
-            raise SpecdecError(f"score=draft needs a draft that is a language model over the whole vocabulary; "
-                               f"{drafter.name!r} is not (prompt lookup, n-grams, composites, EAGLE heads and "
-                               "--vocab-top heads score no text on their own): give a layer view or a draft model")
-        self._session = Session(self.model, drafter, run, args.baseline)
+            if args.score == "draft":
+                raise SpecdecError("score=draft scores with one draft's own model, and draft=auto chooses per task: "
+                                   "name the draft to score with")
+            self._auto = AutoRun(target, runtime_of(self.model, args.static_cache, args.compile), args.run,
+                                 args.baseline, fixed=spec.arg == AUTO_FIXED)
+        else:
+            drafter = load_draft(args.draft, target)
+            if args.score == "draft" and (not isinstance(drafter, ModelDrafter) or drafter.reduced_head):
+                raise SpecdecError(f"score=draft needs a draft that is a language model over the whole vocabulary; "
+                                   f"{drafter.name!r} is not (prompt lookup, n-grams, composites, EAGLE heads and "
+                                   "--vocab-top heads score no text on their own): give a layer view or a draft model")
+            self._session = Session(self.model, drafter, args.run(), args.baseline)
         self._largest_batch = 0
-        self._stored: Path | None = None  # this run's file in the results store
+        self._stored: dict = {}  # this run's files in the results store, by configuration
         self._merged: SpecdecRecord | None = None
-        self._task = "default"  # the task generate_until is answering
+        self._detected_batch: int | None = None
+        self._capacity: int | None = None  # static_cache: the run's longest row
+        self._task = "default"  # the task generate_until is answering (a group of subtasks: the group)
         self._contexts: list[str] = []  # the texts of the batch HFLM is encoding (tok_batch_encode)
         self._request_figures: dict[str, list[dict]] = defaultdict(list)  # context -> its requests' figures
-
-    def _tune(self, target: Target, run: RunSettings) -> RunTuner | None:
-        """``draft=auto`` with nothing measured for this target, hardware and batch size: a tuner over the
-        contenders that load here (:mod:`~specdraft_eval.integration.autotune`); None if none does."""
-        found, skipped = contenders(target, candidate_set(target.model.config.num_hidden_layers))
-        for line in skipped:
-            log.info("draft=auto: not trying %s", line)
-        if not found:
-            return None
-        log.warning("draft=auto for %s: nothing measured on this machine at this batch size; tuning on the run's first "
-                    "requests (at most %d%%) among %s", self.target_name, round(IN_RUN_SHARE * 100),
-                    ", ".join(c.drafter.name for c in found))
-        return RunTuner(self.model, found, run, self.args.baseline)
+        self._repeats: Counter = Counter()  # (task, context, request settings) -> copies decoded so far
 
     @property
     def _requests_per_batch(self) -> int:
-        """lm-eval's ``--batch_size`` (1 until ``auto`` has found one)."""
-        return self.batch_size if isinstance(self.batch_size, int) else 1
+        """lm-eval's ``--batch_size``; with ``auto``, the batch size its detection finds (found once)."""
+        if isinstance(self.batch_size, int):
+            return self.batch_size
+        if self._detected_batch is None:
+            self._detected_batch = self._detect_batch_size()
+        return self._detected_batch
 
     @property
     def session(self) -> Session:
-        """The session that decodes the next batch (while ``draft=auto`` tunes: the contender's)."""
-        return self._tuner.session() if self._tuner else self._session
+        """The session that decodes the next batch (``draft=auto``: the current task's, or its tuning contender's)."""
+        session = self._auto.session(self._task) if self._auto else self._session
+        if self._capacity is not None and session.run.capacity != self._capacity:
+            session.run = replace(session.run, capacity=self._capacity)
+        return session
 
     def _sessions(self) -> list[Session]:
-        return self._tuner.all_sessions() if self._tuner else [self._session]
+        return self._auto.all_sessions() if self._auto else [self._session]
 
     # --- generation ------------------------------------------------------------------------------
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        """HFLM's generate_until, run per task so that figures are kept per task. Under data parallelism, the
+        """HFLM's generate_until, run per task (a group of subtasks whose every task the run holds, such as MMLU's
+        57, as one) so that figures are kept, and ``draft=auto`` chooses, per task. Under data parallelism, the
         copies lm-eval appends to even out the ranks' shares are answered without generating (they would count
         twice), and the ranks' records are merged on rank 0."""
         seen: Counter = Counter()
         originals: dict[int, int] = {}  # position of a padding copy -> position of its request's first copy
         by_task: dict[str, list[int]] = defaultdict(list)
+        groups = groups_of([request.task_name or "default" for request in requests])
         for i, request in enumerate(requests):
             seen[id(request)] += 1
             if seen[id(request)] > max(getattr(request, "repeats", 1), 1):
                 originals[i] = next(j for j, r in enumerate(requests) if r is request)
             else:
-                by_task[request.task_name or "default"].append(i)
+                by_task[groups[request.task_name or "default"]].append(i)
         results: list[str] = [""] * len(requests)
-        if self._tuner is not None:
-            self._tuner.plan(sum(map(len, by_task.values())), self._requests_per_batch)
         if self.args.static_cache and by_task:  # one cache shape for every request of the run
-            capacity = max(self._positions(requests[i]) for indices in by_task.values() for i in indices)
-            for session in self._sessions():
-                session.run = replace(session.run, capacity=capacity)
+            self._capacity = max(self._positions(requests[i]) for indices in by_task.values() for i in indices)
         for task, indices in by_task.items():
             self._task = task
+            if self._auto is not None:
+                self._auto.start(task, len(indices), self._requests_per_batch)
             outputs = super().generate_until([requests[i] for i in indices], disable_tqdm)
             for i, output in zip(indices, outputs, strict=True):
                 results[i] = output
@@ -183,13 +178,19 @@ class SpecDecLM(HFLM):
         for i, original in originals.items():
             results[i] = results[original]
         if self.world_size > 1:
-            records = self.gather_object(self._record(), dst=0)
-            self._merged = reduce(SpecdecRecord.merge, records) if self.rank == 0 else None
+            gathered = self.gather_object(self._records(), dst=0)
+            self._merged = (SpecdecRecord.of_configurations([r for rank in gathered for r in rank], self._choices())
+                            if self.rank == 0 else None)
         if self.rank == 0 and by_task:
             record = self._merged or self._record()
-            print(table(record), flush=True)
+            for part in record.flat():
+                print(table(part), flush=True)
+            for task, choice in record.auto.items():
+                print(f"draft=auto on {task}: {choice['draft']}, γ {choice['num_draft_tokens']}, dynamic γ "
+                      f"{choice['dynamic_gamma']} ({choice['reason']})", flush=True)
             if self.args.baseline:  # speedups measured on this machine: draft=auto reads them first
-                self._stored = store.save(record, "lm_eval", replacing=self._stored)
+                for part in record.flat():
+                    self._stored[part.key()] = store.save(part, "lm_eval", replacing=self._stored.get(part.key()))
         return results
 
     def _positions(self, request) -> int:
@@ -197,7 +198,8 @@ class SpecDecLM(HFLM):
         context, gen_kwargs = request.args[0], request.args[1]
         budget = int(gen_kwargs.get("max_gen_toks", self.max_gen_toks))
         prompt = min(len(self.tok_encode(context)), self.max_length - budget)
-        return row_positions(prompt, budget, max(s.run.gamma.largest for s in self._sessions()))
+        largest = max([s.run.gamma.largest for s in self._sessions()], default=4 * self.args.run().gamma.largest)
+        return row_positions(prompt, budget, largest)  # (auto: before its sessions exist, dynamic γ's widest)
 
     def _model_generate(self, context, max_length: int, stop: list[str], **generation_kwargs) -> torch.Tensor:
         attention_mask = generation_kwargs.pop("attention_mask", None)
@@ -213,15 +215,23 @@ class SpecDecLM(HFLM):
         prompts = [(context[row] if attention_mask is None else context[row][attention_mask[row].bool()]).tolist()
                    for row in range(context.shape[0])]
         self._largest_batch = max(self._largest_batch, len(prompts))
+        texts = self._contexts if len(self._contexts) == len(prompts) else None  # HFLM's generate_until's batch
+        repeats = None
+        if texts is not None:  # lm-eval's `repeats` copies of a request: the k-th copy samples stream k
+            repeats = []
+            for text in texts:
+                key = (self._task, text, repr(params))
+                repeats.append(self._repeats[key])
+                self._repeats[key] += 1
         batch = self.session.generate(prompts, params, lambda: [text_stop(self.tokenizer, stop) for _ in prompts],
-                                      self._task)
-        if self._tuner is not None:
-            self._tuner.done(batch, len(prompts))
+                                      self._task, repeats)
+        if self._auto is not None:
+            self._auto.done(self._task, batch, len(prompts))
         ranks_agree(self.model, batch.outputs, f"a {self._task} request")
         for where in batch.divergences:
             log.error("specdec output differs from plain greedy decoding on a %s request: %s", self._task, where)
-        if len(self._contexts) == len(prompts):  # called by HFLM's generate_until, which encoded these texts
-            for text, alone in zip(self._contexts, batch.per_request, strict=True):
+        if texts is not None:  # called by HFLM's generate_until, which encoded these texts
+            for text, alone in zip(texts, batch.per_request, strict=True):
                 self._request_figures[text].append(alone.request_figures())
         rows = [context[row].tolist() + new for row, new in enumerate(batch.outputs)]
         width = max(len(r) for r in rows)
@@ -239,7 +249,7 @@ class SpecDecLM(HFLM):
         draft's own model's, over the target's vocabulary."""
         if self.args.score == "target":
             return super()._model_call(inps, attn_mask, labels)
-        drafter = self._session.drafter
+        drafter = self.session.drafter
         with torch.no_grad():
             return drafter.model(inps).logits[..., : drafter.vocab_size]
 
@@ -257,21 +267,37 @@ class SpecDecLM(HFLM):
 
     # --- reporting -------------------------------------------------------------------------------
 
+    def _records(self) -> list[SpecdecRecord]:
+        """This process's record of each configuration that decoded (``draft=auto`` after tuning: the chosen
+        configuration's, its trials beside it)."""
+        args = self.args
+        measured = self._auto.measured() if self._auto else [(self._session, [])]
+        profile_kernels = kernel_paths.kernels_of(self.model)
+        records = []
+        for session, trials in measured:
+            name = session.drafter.name
+            profile = read_profile(default_profile_path(self.target_name, str(self.device), profile_kernels),
+                                   named=False)
+            records.append(SpecdecRecord.new(
+                self.target_name, name, session.run.gamma.num_draft_tokens, session.run.gamma.dynamic, self.device,
+                dict(session.stats), session.drafter.model, profile.latencies(name) if profile else None,
+                session.divergences, runtime=runtime_of(self.model, args.static_cache, args.compile),
+                use_kernels=args.use_kernels, score=args.score, batch_size=max(self._largest_batch, 1),
+                tuning=trials, draft_state=session.drafter.describe(), kind_versions=kind_versions(name)))
+        return records
+
+    def _choices(self) -> dict[str, dict]:
+        return {task: choice.to_json() for task, choice in self._auto.choices.items()} if self._auto else {}
+
     def _record(self) -> SpecdecRecord:
-        """This process's record (after ``draft=auto`` tuned: the chosen configuration's, the trials beside it)."""
-        if self._tuner is not None:
-            self._tuner.finish()
-        session, args = self.session, self.args
-        name = session.drafter.name
-        profile = read_profile(default_profile_path(self.target_name, str(self.device),
-                                                    kernel_paths.kernels_of(self.model)), named=False)
-        return SpecdecRecord.new(
-            self.target_name, name, session.run.gamma.num_draft_tokens, session.run.gamma.dynamic, self.device,
-            dict(session.stats), session.drafter.model, profile.latencies(name) if profile else None,
-            [d for s in self._sessions() for d in s.divergences],
-            runtime=runtime_of(self.model, args.static_cache, args.compile), use_kernels=args.use_kernels,
-            score=args.score, batch_size=max(self._largest_batch, 1),
-            tuning=self._tuner.trials if self._tuner else None, draft_state=session.drafter.describe())
+        """This process's record: each configuration's (:meth:`SpecdecRecord.of_configurations`), ``draft=auto``'s
+        choice per task beside them."""
+        records = self._records()
+        if not records:  # draft=auto and nothing decoded
+            return SpecdecRecord.new(self.target_name, self.args.draft, self.args.run().gamma.num_draft_tokens,
+                                     self.args.run().gamma.dynamic, self.device, {},
+                                     runtime=runtime_of(self.model, self.args.static_cache, self.args.compile))
+        return SpecdecRecord.of_configurations(records, self._choices())
 
     def specdec_info(self) -> dict:
         """The ``specdec`` block for the results file (on rank 0 of a data-parallel run: every rank's, merged)."""

@@ -4,13 +4,15 @@ Candidates are the configurations (:class:`~specdraft_eval.measure.record.RunKey
 target whose drafts load here (built-in kinds, or directories and files that exist), from this machine's results
 store (:mod:`specdraft_eval.measure.store`: the user's own ``lm_eval`` runs, ``zoo tune`` and ``zoo bench``) and the
 published results. The score is the measured speedup on the task asked for, else the geometric mean over the tasks
-measured. The order: the user's own results measured on this hardware first; then configurations measured by
-today's specdraft-eval before older code's; then those measured on the hardware ``auto`` runs on (a speedup on one
-machine says little about another's), with the runtime it runs (dtype, kernels, attention, static cache, compiled
-steps) and at its batch size; then the score. The reason says which source the winner came from and when it was
-measured elsewhere or otherwise. Without a configuration that beats plain decoding the answer is prompt lookup
-with dynamic γ, and :attr:`Recommendation.tune` says whether nothing was measured for this target, hardware and
-batch size (``draft=auto`` then tunes inside the run: :mod:`specdraft_eval.integration.autotune`).
+measured (a task nobody measured: the geometric mean, the reason saying so). Evidence, not source, ranks: the user's
+own measurement of a configuration (this machine's store) replaces the published figures of that configuration,
+then configurations measured on the hardware ``auto`` runs on come first (a speedup on one machine says little about
+another's), with the runtime it runs (dtype, kernels, attention, static cache, compiled steps) and at its batch
+size, then those measured by today's specdraft-eval, then the score. The reason says which source the winner came
+from and when it was measured elsewhere or otherwise. Without a configuration that beats plain decoding the answer
+is prompt lookup with dynamic γ, and :attr:`Recommendation.tune` says whether nothing was measured for this target
+(on the task asked for), hardware and batch size (``draft=auto`` may then tune inside the run:
+:mod:`specdraft_eval.integration.auto`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from pathlib import Path
 from packaging.version import InvalidVersion, Version
 
 from specdraft_eval import published
-from specdraft_eval.drafts.spec import AUTO, DraftSpec, draft_kinds
+from specdraft_eval.drafts.spec import AUTO, DraftSpec, draft_kinds, replaced
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.files import RecordWarning
 from specdraft_eval.measure import store
@@ -66,7 +68,8 @@ class Recommendation:
     reason: str
     runtime: Runtime | None = None  # the measured runtime of the choice (None: the fallback, measured nowhere)
     candidates: list[ScoredConfiguration] = field(default_factory=list)
-    tune: bool = False  # nothing was measured for this target, hardware and batch size: auto tunes in the run
+    tune: bool = False  # nothing measured for this target (and task), hardware and batch size: auto may tune
+    on_task: bool = False  # the choice was measured on the task asked for (else: across the tasks measured)
 
     def table_rows(self) -> list[dict]:
         """The candidates as the text table shows them."""
@@ -103,26 +106,35 @@ def _version(text: str | None) -> Version:
         return Version("0")
 
 
-def _candidate(config: Configuration, own: set[Path]) -> ScoredConfiguration:
+def _candidate(config: Configuration, own: bool) -> ScoredConfiguration:
     tasks = [t for t in sorted(config.per_task) if config.speedup(t)]
     newest = max((f.record.code_version for f in config.files), key=_version, default=None)
     return ScoredConfiguration(config.key, {t: config.speedup(t) for t in tasks},
                                {t: config.speedup_spread(t) for t in tasks}, {t: config.per_task[t].tar for t in tasks},
-                               [str(f.path) for f in config.files], localised(config.key.draft) is not None,
-                               any(f.path in own for f in config.files), newest)
+                               [str(f.path) for f in config.files], localised(config.key.draft) is not None, own,
+                               newest)
+
+
+def _usable(paths: list[Path]) -> list:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RecordWarning)  # zoo leaderboard reports unusable files; here they are skipped
+        found = scan_results([p for p in paths if Path(p).exists()])
+    return [f for f in found if not replaced(f.record.draft, f.record.kind_versions)]  # a replaced kind's figures
 
 
 def candidates(target: str, results: list[Path], own: list[Path] = ()) -> list[ScoredConfiguration]:
-    """Per configuration measured for ``target`` with baseline timing, across every results file (``own``: the
-    user's, from this machine's store)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RecordWarning)  # zoo leaderboard reports unusable files; here they are skipped
-        found = scan_results([p for p in [*own, *results] if Path(p).exists()])
-    mine = {Path(p) for p in own}
-    return [c for c in (_candidate(config, mine) for config in configurations(found, target)) if c.speedup]
+    """Per configuration measured for ``target`` with baseline timing: the user's own results (``own``: this
+    machine's store) and the published ``results``, where the user's measurement of a configuration replaces the
+    published figures of the same configuration (same hardware, runtime and batch size: one :class:`RunKey`)."""
+    mine = [_candidate(config, True) for config in configurations(_usable(own), target)]
+    measured = {c.key for c in mine}
+    published_only = [_candidate(config, False) for config in configurations(_usable(results), target)
+                      if config.key not in measured]
+    return [c for c in mine + published_only if c.speedup]
 
 
 def _score(candidate: ScoredConfiguration, task: str | None) -> float | None:
+    """The speedup on ``task``, or (None) the geometric mean over the tasks measured."""
     speedups = candidate.speedup
     if task is not None:
         return speedups.get(task)
@@ -140,16 +152,18 @@ def recommend(target: str, task: str | None = None, results: list[Path] | None =
     own = store.paths(target) if own is None else own
     scored = candidates(target, results if results is not None else [published.results()], own)
     today = _version(versions().get("specdraft-eval"))
+    on_task = task is not None and any(task in c.speedup for c in scored if c.loadable)
     for candidate in scored:
-        candidate.score = _score(candidate, task)
-    scored.sort(key=lambda c: (not (c.own and c.key.hardware == hardware), _version(c.code_version) < today,
-                               hardware is not None and c.key.hardware != hardware,
+        candidate.score = _score(candidate, task if on_task else None)
+    scored.sort(key=lambda c: (hardware is not None and c.key.hardware != hardware,
                                runtime is not None and c.key.runtime != runtime, c.key.batch_size != batch_size,
-                               -(c.score or 0)))
-    here = [c for c in scored if c.loadable and c.key.hardware == hardware and c.key.batch_size == batch_size]
+                               _version(c.code_version) < today, -(c.score or 0)))
+    here = [c for c in scored if c.loadable and c.key.hardware == hardware and c.key.batch_size == batch_size
+            and (task is None or task in c.speedup)]
     tune = hardware is not None and not here
     best = next((c for c in scored if c.loadable and c.score and c.score > 1.0), None)
-    where = f"on {task}" if task else "geometric mean over the tasks measured"
+    where = (f"on {task}" if on_task else "geometric mean over the tasks measured"
+             + (f" ({task}: measured by none)" if task else ""))
     if best is None:
         reason = (f"no measured configuration for {target} that loads here beats plain decoding ({where}); "
                   "prompt lookup needs no weights and dynamic γ backs off where it does not pay")
@@ -166,19 +180,21 @@ def recommend(target: str, task: str | None = None, results: list[Path] | None =
               + (f", by specdraft-eval {best.code_version} (older than this one)" if older else "")
               + f", from {len(best.files)} results file(s)")
     return Recommendation(target, task, localised(key.draft), key.num_draft_tokens, key.dynamic_gamma,
-                          reason, key.runtime, scored, tune)
+                          reason, key.runtime, scored, tune, on_task)
 
 
-def resolve_auto(target: Target, runtime: Runtime | None = None, batch_size: int = 1) -> Recommendation:
-    """What ``draft=auto`` means for ``target``: the recommendation for its name on the hardware it runs on, with
-    the ``runtime`` it runs (default: eager, its loaded dtype, kernels and attention) at ``batch_size``. The one rule:
-    ``lm_eval --model specdec`` applies its γ and dynamic γ as well (and tunes when :attr:`Recommendation.tune`),
-    ``zoo`` commands its draft."""
+def resolve_auto(target: Target, runtime: Runtime | None = None, batch_size: int = 1,
+                 task: str | None = None) -> Recommendation:
+    """What ``draft=auto`` means for ``target`` (on ``task``, when given: the configuration measured best on it,
+    else the best across the tasks measured): the recommendation for its name on the hardware it runs on, with the
+    ``runtime`` it runs (default: eager, its loaded dtype, kernels and attention) at ``batch_size``. The one rule:
+    ``lm_eval --model specdec`` applies its γ and dynamic γ as well, per task (and tunes where
+    :attr:`Recommendation.tune`), ``zoo`` commands its draft."""
     if target.name is None:
         raise SpecdecError("draft=auto needs a target loaded by name (load_target(NAME)): its name picks the "
                            "measured results; load it so, or name a draft")
-    return recommend(target.name, hardware=hardware(target.model.device), runtime=runtime or runtime_of(target.model),
-                     batch_size=batch_size)
+    return recommend(target.name, task, hardware=hardware(target.model.device),
+                     runtime=runtime or runtime_of(target.model), batch_size=batch_size)
 
 
 def resolve_draft(draft: str, target: Target) -> str:

@@ -29,8 +29,8 @@ from specdraft_eval.measure.environment import ModelFacts, hardware, versions
 from specdraft_eval.measure.stats import Divergence, GenerationStats
 
 __all__ = ["SCHEMA_VERSION", "MAX_MISMATCH_DETAILS", "RecordError", "RecordWarning", "Runtime", "RunKey", "Trial",
-           "SpecdecRecord", "ResultsFile", "read_results", "scan_results", "sample_figures", "Configuration",
-           "configurations"]
+           "SpecdecRecord", "ResultsFile", "read_results", "each_configuration", "scan_results", "sample_figures",
+           "Configuration", "configurations"]
 
 SCHEMA_VERSION = 3
 MAX_MISMATCH_DETAILS = 100
@@ -79,6 +79,7 @@ class RunKey:
     dynamic_gamma: bool
     runtime: Runtime = Runtime()
     batch_size: int = 1
+    kind_versions: tuple[tuple[str, int], ...] = ()  # (kind, implementation version) of each draft kind it used
 
 
 @dataclass
@@ -139,6 +140,12 @@ class SpecdecRecord:
     tuning: list[Trial] = field(default_factory=list)  # draft=auto tuned inside the run: the configurations tried
     # on its first requests (their counters are here, not in per_task, which holds the chosen one's requests)
     draft_state: dict = field(default_factory=dict)  # the drafter's own report (Drafter.describe), e.g. suffix_cache
+    kind_versions: dict[str, int] = field(default_factory=dict)  # each draft kind's implementation version
+    # (DraftKind.version; files from before it was recorded: {}, read as version 1 of each kind)
+    auto: dict[str, dict] = field(default_factory=dict)  # draft=auto: per task, the configuration it decoded with
+    # ({"draft", "num_draft_tokens", "dynamic_gamma", "reason"})
+    configurations: list[SpecdecRecord] = field(default_factory=list)  # draft=auto: the run's other configurations
+    # (tasks that chose another), each its own record
 
     @property
     def current(self) -> bool:
@@ -150,14 +157,15 @@ class SpecdecRecord:
             per_task: dict[str, GenerationStats], draft_model=None,
             latencies: Latencies | None = None, baseline_mismatch_details: list[Divergence] | None = None, *,
             runtime: Runtime = Runtime(), use_kernels: bool = False, score: str = "target", batch_size: int = 1,
-            tuning: list[Trial] | None = None, draft_state: dict | None = None) -> SpecdecRecord:
+            tuning: list[Trial] | None = None, draft_state: dict | None = None,
+            kind_versions: dict[str, int] | None = None) -> SpecdecRecord:
         """A record of a run on ``device`` now (hardware name and package versions filled in)."""
         facts = ModelFacts.of(draft_model)
         return cls(target, draft, num_draft_tokens, dynamic_gamma, hardware(device), versions(),
                    facts.parameters_m, facts.layers, dict(per_task), latencies,
                    list(baseline_mismatch_details or [])[:MAX_MISMATCH_DETAILS], runtime=runtime,
                    use_kernels=use_kernels, score=score, batch_size=batch_size, tuning=list(tuning or []),
-                   draft_state=dict(draft_state or {}))
+                   draft_state=dict(draft_state or {}), kind_versions=dict(kind_versions or {}))
 
     @property
     def total(self) -> GenerationStats:
@@ -170,7 +178,7 @@ class SpecdecRecord:
     def key(self) -> RunKey:
         """What must agree for two records to merge."""
         return RunKey(self.target, self.hardware, self.draft, self.num_draft_tokens, self.dynamic_gamma, self.runtime,
-                      self.batch_size)
+                      self.batch_size, tuple(sorted(self.kind_versions.items())))
 
     @property
     def code_version(self) -> str | None:
@@ -195,6 +203,22 @@ class SpecdecRecord:
         return replace(self, per_task=per_task, baseline_mismatch_details=details,
                        processes=self.processes + other.processes, tuning=self.tuning + other.tuning,
                        draft_state=_merged_state(self.draft_state, other.draft_state))
+
+    @classmethod
+    def of_configurations(cls, records: list[SpecdecRecord], auto: dict[str, dict]) -> SpecdecRecord:
+        """One run's record from its configurations' (``draft=auto`` choosing per task; data-parallel ranks' too):
+        records of one configuration merged, the one that decoded the most requests first, the others in
+        ``configurations``, ``auto`` naming each task's."""
+        merged: dict[RunKey, SpecdecRecord] = {}
+        for record in records:
+            key = record.key()
+            merged[key] = merged[key].merge(record) if key in merged else record
+        first, *others = sorted(merged.values(), key=lambda r: -r.total.generations)
+        return replace(first, auto=dict(auto), configurations=others)
+
+    def flat(self) -> list[SpecdecRecord]:
+        """Each configuration's record on its own (:meth:`of_configurations` undone)."""
+        return [replace(self, auto={}, configurations=[]), *self.configurations]
 
     def predicted(self, stats: GenerationStats) -> float | None:
         """Tokens/s the analytical model predicts for ``stats``' counts from the separately measured latencies."""
@@ -238,6 +262,9 @@ class SpecdecRecord:
                            "tokens_per_second_with_tuning": self.with_tuning.tokens_per_second,
                            "trials": [t.to_json() for t in self.tuning]}} if self.tuning else {}),
             **({"draft_state": self.draft_state} if self.draft_state else {}),
+            **({"kind_versions": self.kind_versions} if self.kind_versions else {}),
+            **({"auto": {"tasks": self.auto, "configurations": [r.to_block() for r in self.configurations]}}
+               if self.auto else {}),
         }
 
     @classmethod
@@ -263,7 +290,10 @@ class SpecdecRecord:
                        int(block.get("processes", 1)), runtime, bool(block.get("use_kernels", False)),
                        ran.get("score") or "target", int(block["schema_version"]), int(block.get("batch_size", 1)),
                        [Trial.from_json(t) for t in (block.get("tuning") or {}).get("trials", [])],
-                       dict(block.get("draft_state") or {}))
+                       dict(block.get("draft_state") or {}),
+                       {str(k): int(v) for k, v in (block.get("kind_versions") or {}).items()},
+                       dict((block.get("auto") or {}).get("tasks") or {}),
+                       [cls.from_block(b, path) for b in (block.get("auto") or {}).get("configurations") or []])
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise RecordError(f"{path}: malformed specdec record ({type(exc).__name__}: {exc}); "
                               "regenerate or remove it") from None
@@ -332,6 +362,12 @@ def read_results(path: Path) -> ResultsFile:
     return ResultsFile(Path(path), SpecdecRecord.from_block(block, path), data.get("results") or {}, data.get("date"))
 
 
+def each_configuration(file: ResultsFile) -> list[ResultsFile]:
+    """The file once per configuration it measured: its record, then (``draft=auto`` choosing per task) each
+    other configuration's record, with the same path, scores and date."""
+    return [file] + [ResultsFile(file.path, record, file.results, file.date) for record in file.record.configurations]
+
+
 def scan_results(paths: list[Path], scoring: bool = False, current: bool = True) -> list[ResultsFile]:
     """Every usable results file under ``paths`` (folders searched for ``results_*.json``) that decoded; with
     ``scoring``, also runs of log-likelihood tasks only (``*_lm`` with ``score=draft``: no generation, no TAR);
@@ -344,11 +380,11 @@ def scan_results(paths: list[Path], scoring: bool = False, current: bool = True)
     found = []
     for root in map(Path, paths):
         if root.is_file():
-            found.append(read_results(root))
+            found += each_configuration(read_results(root))
         elif root.is_dir():
             for file in sorted(root.rglob("results_*.json")):
                 try:
-                    found.append(read_results(file))
+                    found += each_configuration(read_results(file))
                 except RecordError as exc:
                     warnings.warn(f"skipping {exc}", RecordWarning, stacklevel=2)
         else:

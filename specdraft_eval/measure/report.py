@@ -17,6 +17,7 @@ TABLE_COLUMNS = [
     ("tokens_per_second", "tok/s"),
     ("baseline_tokens_per_second", "base tok/s"),
     ("speedup", "speedup"),
+    ("end_to_end_speedup", "e2e speedup"),
     ("predicted_tokens_per_second", "pred tok/s"),
 ]
 
@@ -34,11 +35,11 @@ ACCEPTANCE_COLUMNS = [
 accept length, MAT mean accepted tokens) and the output counted."""
 
 
-def positions(rates: list[float] | None, most: int = 8) -> str | None:
-    """Per-position acceptance rates compactly, e.g. ``0.62 0.41 0.28 0.17``."""
+def positions(rates: list[float | None] | None, most: int = 8) -> str | None:
+    """Per-position acceptance rates compactly, e.g. ``0.62 0.41 - 0.17`` (``-``: undefined at that position)."""
     if not rates:
         return None
-    return " ".join(f"{r:.2f}" for r in rates[:most]) + (" …" if len(rates) > most else "")
+    return " ".join("-" if r is None else f"{r:.2f}" for r in rates[:most]) + (" …" if len(rates) > most else "")
 
 
 def _cells(task: str, stats: GenerationStats, predicted: float | None) -> list[str]:
@@ -49,7 +50,7 @@ def _cells(task: str, stats: GenerationStats, predicted: float | None) -> list[s
 
 def _acceptance_cells(task: str, stats: GenerationStats) -> list[str]:
     figures = {"task": task, "conditional_acceptance_per_position":
-               positions([r or 0.0 for r in stats.conditional_acceptance_per_position], 5) or "-"}
+               positions(stats.conditional_acceptance_per_position, 5) or "-"}
     return [figures[key] if key in figures else _fmt(getattr(stats, key)) for key, _ in ACCEPTANCE_COLUMNS]
 
 

@@ -16,6 +16,11 @@ Conventions (stated once; docs/lm_eval.md repeats them):
   drafted a token at position i, ``accepted_per_position[i]`` steps had draft token i accepted;
   ``acceptance_length_histogram[n]`` counts steps that accepted exactly n draft tokens, ``drafted_histogram[n]``
   steps that drafted exactly n.
+- ``reached_per_position[i]``: steps that drafted position i with every earlier position accepted (SPEED-Bench's
+  denominator for its conditional rate at i; a draft that ended before i did not reach it).
+- What a stop cut from a final step's counts (``cut_drafts``: drafting steps counted as drafting none,
+  ``cut_draft_tokens``, ``cut_accepted_per_position``) is kept apart: vLLM counts a step's drafted and accepted
+  tokens before its stop check, so its figures (``vllm_*``) add them back.
 - Token trees: a step drafts a tree's nodes (all verified in one target pass: ``mean_num_draft_tokens`` is nodes
   per step) and accepts one root-to-leaf path; positions are depths (``drafted_per_position[i]``: steps whose tree
   reached depth i + 1) and a draft is one tree.
@@ -26,7 +31,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields, replace
 
 POSITION_FIELDS = ("drafted_per_position", "accepted_per_position", "acceptance_length_histogram",
-                   "drafted_histogram")
+                   "drafted_histogram", "reached_per_position", "cut_accepted_per_position")
 
 
 def _add_lists(a: list[int], b: list[int]) -> list[int]:
@@ -47,12 +52,13 @@ def _percentile(values: list[float], q: float) -> float:
 class GenerationStats:
     """What one or more speculative generations did. Add two with ``+`` to aggregate.
 
-    Times are seconds. ``decode_seconds`` excludes the target's prompt prefill (identical work with
-    or without a draft) and ``compile_seconds`` (compiling and warming up the steps, before the clock starts); the
-    draft's own reading of the prompt, and of what it skipped while dynamic γ was 0, is its prefill
-    (``draft_prefill_tokens``, ``draft_prefill_seconds``), apart from ``draft_seconds``. ``request_tars`` holds
-    each request's own TAR (tokens emitted per step), in the order the requests ran; ``prompt_tokens`` the
-    speculative requests' prompt lengths, summed.
+    Times are seconds. ``decode_seconds`` excludes the target's prompt prefill (``prefill_seconds``; identical work
+    with or without a draft: :attr:`speedup` is decode only, :attr:`end_to_end_speedup` the requests' wall time with
+    it, as Spec-Bench times the whole generation) and ``compile_seconds`` (compiling and warming up the steps,
+    before the clock starts); the draft's own reading of the prompt, and of what it skipped while dynamic γ was 0,
+    is its prefill (``draft_prefill_tokens``, ``draft_prefill_seconds``), apart from ``draft_seconds``.
+    ``request_tars`` holds each request's own TAR (tokens emitted per step), in the order the requests ran;
+    ``prompt_tokens`` the speculative requests' prompt lengths, summed.
     """
 
     generations: int = 0
@@ -80,6 +86,11 @@ class GenerationStats:
     overshoot_tokens: int = 0  # emitted by a final step past the stop (EOS or a stop sequence) and discarded
     verify_passes: int = 0  # target passes that verified a batch (steps counts rows' steps)
     host_reads: int = 0  # device-to-host reads while decoding (each a GPU synchronisation)
+    reached_per_position: list[int] = field(default_factory=list)  # drafted at i, all before i accepted
+    cut_drafts: int = 0  # final steps that drafted but, cut at a stop, count as drafting nothing
+    cut_draft_tokens: int = 0  # draft tokens of final steps past the stop (not in draft_tokens)
+    cut_accepted_per_position: list[int] = field(default_factory=list)  # accepted past the stop, per position
+    baseline_prefill_seconds: float = 0.0  # plain decoding's prompt prefill (end-to-end speedup)
     # each request's own, in order
     per_request: list[GenerationStats] = field(default_factory=list, repr=False, compare=False)
     # (the engine fills it; adding concatenates; never written to a record: see request_figures)
@@ -91,10 +102,18 @@ class GenerationStats:
             merged[f.name] = _add_lists(a, b) if f.name in POSITION_FIELDS else a + b  # request_tars: concatenated
         return GenerationStats(**merged)
 
-    def record_step(self, drafted: int, accepted: int, depth: int | None = None) -> None:
+    def record_step(self, drafted: int, accepted: int, depth: int | None = None,
+                    uncut: tuple[int, int] | None = None) -> None:
         """Count one verification step that checked ``drafted`` draft tokens (a tree's nodes, ``depth`` deep; a
-        chain: as deep as long) and accepted ``accepted``; per-position counters are per depth."""
+        chain: as deep as long) and accepted ``accepted``; per-position counters are per depth. ``uncut``: the
+        step's (drafted, accepted) before a stop cut it to these."""
         depth = drafted if depth is None else depth
+        if uncut is not None:
+            self.cut_drafts += int(uncut[0] > 0 and drafted == 0)
+            self.cut_draft_tokens += uncut[0] - drafted
+            self.cut_accepted_per_position = _add_lists(self.cut_accepted_per_position,
+                                                        [0] * accepted + [1] * (uncut[1] - accepted))
+        self.reached_per_position = _add_lists(self.reached_per_position, [1] * min(depth, accepted + 1))
         self.steps += 1
         self.draft_tokens += drafted
         self.accepted_tokens += accepted
@@ -176,30 +195,44 @@ class GenerationStats:
         return self.steps - (self.drafted_histogram[0] if self.drafted_histogram else 0)
 
     @property
+    def vllm_counters(self) -> dict[str, int | list[int]]:
+        """vLLM's ``spec_decode`` counters as its scheduler counts them for the same steps: drafted and accepted
+        tokens before the stop check, so a final step's tokens past the stop count (``num_drafts``,
+        ``num_draft_tokens``, ``num_accepted_tokens``, ``num_accepted_tokens_per_pos`` over the drafted
+        positions)."""
+        accepted = _add_lists(self.accepted_per_position, self.cut_accepted_per_position)
+        positions = len(self.drafted_per_position)
+        return {"num_drafts": self.drafts + self.cut_drafts,
+                "num_draft_tokens": self.draft_tokens + self.cut_draft_tokens,
+                "num_accepted_tokens": sum(accepted),
+                "num_accepted_tokens_per_pos": (accepted + [0] * positions)[:positions]}
+
+    @property
     def mean_acceptance_length(self) -> float | None:
-        """vLLM's mean acceptance length: 1 + accepted draft tokens per draft (steps that drafted nothing, as at
+        """vLLM's mean acceptance length: 1 + accepted draft tokens per draft, as its counters have them
+        (:attr:`vllm_counters`: a final step's tokens past the stop included; steps that drafted nothing, as at
         γ = 0, are not drafts)."""
-        return 1 + self.accepted_tokens / self.drafts if self.drafts else None
+        counters = self.vllm_counters
+        return 1 + counters["num_accepted_tokens"] / counters["num_drafts"] if counters["num_drafts"] else None
 
     @property
     def acceptance_rate_per_position(self) -> list[float]:
         """vLLM's per-position acceptance rate, unconditional: steps whose draft token (a tree: depth) i was
-        accepted, over all drafts (a position after a rejection, or not drafted, counts as not accepted)."""
-        drafts = self.drafts
-        return [a / drafts for a in self._accepted_by_drafted_position] if drafts else []
-
-    @property
-    def _accepted_by_drafted_position(self) -> list[int]:
-        """``accepted_per_position`` over every drafted position (0 where none was accepted)."""
-        positions = len(self.drafted_per_position)
-        return (self.accepted_per_position + [0] * positions)[:positions]
+        accepted, over all drafts (a position after a rejection, or not drafted, counts as not accepted), from
+        :attr:`vllm_counters`."""
+        counters = self.vllm_counters
+        drafts = counters["num_drafts"]
+        return [a / drafts for a in counters["num_accepted_tokens_per_pos"]] if drafts else []
 
     @property
     def conditional_acceptance_per_position(self) -> list[float | None]:
-        """SPEED-Bench's conditional per-position rate: accepted at position i over accepted at i - 1 (position 0:
-        over drafts); None where nothing reached position i - 1."""
-        accepted = self._accepted_by_drafted_position
-        return [a / r if r else None for a, r in zip(accepted, [self.drafts, *accepted])]
+        """SPEED-Bench's conditional per-position rate: steps that accepted position i over steps that drafted
+        position i after accepting i - 1 (``reached_per_position``); None where no step reached i (and for
+        counters from before ``reached_per_position`` was kept)."""
+        positions = len(self.drafted_per_position)
+        accepted = (self.accepted_per_position + [0] * positions)[:positions]
+        reached = (self.reached_per_position + [0] * positions)[:positions]
+        return [a / r if r else None for a, r in zip(accepted, reached)]
 
     @property
     def accept_length(self) -> float | None:
@@ -259,6 +292,21 @@ class GenerationStats:
         return tps / base if tps and base else None
 
     @property
+    def end_to_end_tokens_per_second(self) -> float | None:
+        """Tokens per second of the requests' wall time: the target's prefill and the decoding."""
+        seconds = self.prefill_seconds + self.decode_seconds
+        return self.generated_tokens / seconds if self.decode_seconds > 0 else None
+
+    @property
+    def end_to_end_speedup(self) -> float | None:
+        """:attr:`end_to_end_tokens_per_second` over plain decoding's, its prefill included (None without a
+        baseline, or one timed before its prefill was kept)."""
+        tps = self.end_to_end_tokens_per_second
+        if not tps or not self.baseline_prefill_seconds or not self.baseline_seconds:
+            return None
+        return tps / (self.baseline_tokens / (self.baseline_prefill_seconds + self.baseline_seconds))
+
+    @property
     def loop_overhead(self) -> float | None:
         """Share of decode time outside the draft's and the target's passes (None where time is not split)."""
         if self.decode_seconds > 0 and self.steps and self.verify_seconds > 0:
@@ -296,6 +344,8 @@ class GenerationStats:
             "overshoot_tokens": self.overshoot_tokens,
             "baseline_tokens_per_second": self.baseline_tokens_per_second,
             "speedup": self.speedup,
+            "end_to_end_tokens_per_second": self.end_to_end_tokens_per_second,
+            "end_to_end_speedup": self.end_to_end_speedup,
             "loop_overhead": self.loop_overhead,
             "compile_seconds": self.compile_seconds,
             "recompiles": self.recompiles,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -101,22 +102,28 @@ def paths(target: str | None = None) -> list[Path]:
     return [stored.path for stored in entries(target)]
 
 
-def prune(target: str | None = None, draft: str | None = None, stale: bool = False,
-          everything: bool = False) -> list[Path]:
-    """Remove the store's files that match: ``target``'s and/or ``draft``'s, or with ``stale`` those that today's
-    code no longer uses (an older schema, an older specdraft-eval, a runtime field unknown), or with ``everything``
-    all of them; return the removed paths. Nothing is removed without one of the four."""
-    if not (target or draft or stale or everything):
-        raise SpecdecError("zoo results --prune needs --target, --draft, --stale or --all: say what to remove")
+def is_stale(record: SpecdecRecord, replaced: Callable[[SpecdecRecord], list[str]] = lambda record: []) -> bool:
+    """Whether today's code no longer uses ``record``: an older schema, an older specdraft-eval, a runtime field
+    unknown, or a draft kind whose implementation was replaced since (``replaced``: the layer that knows the kinds
+    says which, :func:`specdraft_eval.drafts.spec.replaced`)."""
     from specdraft_eval.measure.environment import versions
 
-    today = versions().get("specdraft-eval")
+    return (not record.current or record.code_version != versions().get("specdraft-eval")
+            or bool(replaced(record)))
+
+
+def prune(target: str | None = None, draft: str | None = None, stale: bool = False,
+          everything: bool = False, replaced: Callable[[SpecdecRecord], list[str]] = lambda record: []) -> list[Path]:
+    """Remove the store's files that match: ``target``'s and/or ``draft``'s, or with ``stale`` those that today's
+    code no longer uses (:func:`is_stale`), or with ``everything`` all of them; return the removed paths. Nothing is
+    removed without one of the four."""
+    if not (target or draft or stale or everything):
+        raise SpecdecError("zoo results --prune needs --target, --draft, --stale or --all: say what to remove")
     removed = []
     for stored in entries():
         record = stored.record
-        old = not record.current or record.code_version != today
         if everything or ((target is None or record.target == target) and (draft is None or record.draft == draft)
-                          and (not stale or old)):
+                          and (not stale or is_stale(record, replaced))):
             stored.path.unlink(missing_ok=True)
             removed.append(stored.path)
     return removed

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from specdraft_eval.drafts.spec import kind_versions
 from specdraft_eval.engine.loop import (
     autoregressive_generate_batch,
     speculative_generate_batch,
@@ -129,11 +130,12 @@ def _measure(target, drafter, run: RunSettings, ids: list[list[int]], expected: 
              repeats: int, max_new_tokens: int, on_run: Callable[[], None]) -> tuple[BatchRow, list[GenerationStats]]:
     """One draft under one γ policy at one batch size (a warm-up, then ``repeats`` sessions with the baseline): its
     row and each repeat's counters."""
-    speculative_generate_batch(target, drafter, ids[:size], min(8, max_new_tokens), run=run)  # warm-up shapes
+    speculative_generate_batch(target, drafter.fresh(), ids[:size], min(8, max_new_tokens), run=run)  # warm-up
     autoregressive_generate_batch(target, ids[:size], min(8, max_new_tokens))
     spec, plain, totals = [], [], []
-    for repeat in range(repeats):  # one session per repeat: the baseline first every other batch and repeat
-        session = Session(target, drafter, run, baseline=True, baseline_first=bool(repeat % 2))
+    for repeat in range(repeats):  # one session per repeat: the baseline first every other batch and repeat, a
+        # fresh draft (no repeat, γ policy or batch size finds another's outputs in a suffix cache)
+        session = Session(target, drafter.fresh(), run, baseline=True, baseline_first=bool(repeat % 2))
         for batch_index, batch in enumerate(_batches(ids, size)):
             outputs = session.generate(batch, DecodeParams(max_new_tokens)).outputs
             for offset, output in enumerate(outputs):
@@ -152,7 +154,7 @@ def _measure(target, drafter, run: RunSettings, ids: list[list[int]], expected: 
         drafter.name, _label(run.gamma), size, Spread.of(spec), Spread.of(plain),
         statistics.median(s / p for s, p in zip(spec, plain, strict=True)), totals[0].tar,
         ModelFacts.of(target).kv_bytes_per_token, ModelFacts.of(drafter.model).kv_bytes_per_token,
-        peak_memory_mb(lambda: speculative_generate_batch(target, drafter, first, max_new_tokens, run=run),
+        peak_memory_mb(lambda: speculative_generate_batch(target, drafter.fresh(), first, max_new_tokens, run=run),
                        target.device, resident),
         peak_memory_mb(lambda: autoregressive_generate_batch(target, first, max_new_tokens),
                        target.device, distinct_weight_bytes(target)),
@@ -177,7 +179,8 @@ def study(target_name: str, drafts: list[str], prompts: list[str], plan: BenchPl
         """Each configuration measured goes to this machine's results store, where draft=auto reads it first."""
         record = SpecdecRecord.new(target_name, drafter.name, policy.num_draft_tokens, policy.dynamic,
                                    target.model.device, {task or "default": stats}, drafter.model,
-                                   runtime=runtime_of(target.model), batch_size=size)
+                                   runtime=runtime_of(target.model), batch_size=size,
+                                   kind_versions=kind_versions(drafter.name))
         store.save(record, "zoo bench")
 
     return run_batch_study(target.model, target.tokenizer, drafters, prompts, batch_sizes, plan, on_run=tick,

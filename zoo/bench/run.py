@@ -232,6 +232,8 @@ def run_bench(target, target_name: str, tokenizer, drafters: list, prompts: list
     for config in configs:
         bench.warm_up(config, ids[0])
     for _ in range(repeats):
+        for config in configs:  # each repeat starts from the draft's own state, not the warm-up's or a repeat's
+            config.drafter = config.drafter.fresh() if config.drafter is not None else None
         runs = {id(c): [] for c in configs}
         for prompt in ids:
             for config in configs:

@@ -16,6 +16,7 @@ from zoo.leaderboard.findings import LmFinding
 from zoo.leaderboard.rows import COLUMNS, GROUPED, LeaderboardRow
 
 DECIMALS = {"mean_acceptance_length": 2, "accept_length": 2, "mean_accepted_tokens": 2, "speedup": 2,
+            "end_to_end_speedup": 2,
             "speedup_min": 2, "speedup_max": 2, "tar": 2, "tar_p50": 2, "accepted_per_step": 2, "acceptance_rate": 2,
             "accuracy": 2, "draft_accuracy": 2, "draft_bits_per_byte": 2, "tokens_per_second": 1,
             "baseline_tokens_per_second": 1, "verify_ms_per_step": 1, "draft_parameters_m": 1}
@@ -115,12 +116,16 @@ CONVENTIONS = (
     "TAR and acceptance are over every run; speedup is the median over runs with min and max; tokens/s and latencies "
     "the median; a run of draft=auto is listed under the draft it resolved to). "
     "Speedup is tokens/s over plain decoding of the same requests on the same kernels, timed in the same run (the "
-    "two alternate which goes first), both counting only the output up to the stop (tokens equals plain tokens "
+    "two alternate which goes first), decode only; speedup end to end times the requests' wall time, the target's "
+    "prefill included, as Spec-Bench does (- for runs from before plain decoding's prefill was kept); both count "
+    "only the output up to the stop (tokens equals plain tokens "
     "greedily; overshoot tokens were emitted past a stop and discarded). TAR is tokens emitted per verification "
     "step, the target's own token included (the founding paper's TAR); accepted/step excludes that token; the "
     "acceptance figures are named as each engine defines them (docs/acceptance.md): acceptance by position is vLLM's "
-    "(accepted at position i / drafts), conditional acceptance SPEED-Bench's (accepted at i / accepted at i - 1), "
-    "mean acceptance length vLLM's (1 + accepted / drafts), accept length SGLang's (tokens / steps), mean accepted "
+    "(accepted at position i / drafts), conditional acceptance SPEED-Bench's (accepted at i / steps that drafted i "
+    "having accepted i - 1; - where undefined or not counted by the run's code), "
+    "mean acceptance length vLLM's (1 + accepted / drafts, counted before the stop as vLLM counts), accept length "
+    "SGLang's (tokens / steps), mean accepted "
     "tokens Spec-Bench's and EAGLE's (tokens per target pass); accuracy is the task's metric for the target "
     "(speculative decoding does not change it), draft accuracy the same task run with the draft as the target, "
     "draft bits/byte the draft model's own "

@@ -21,7 +21,8 @@ from specdraft_eval.measure.report import positions
 COLUMNS = [
     ("target", "target"), ("hardware", "hardware"), ("draft", "draft"), ("task", "task"), ("gamma", "γ"),
     ("dynamic_gamma", "dynamic γ"), ("runtime", "runtime"),
-    ("speedup", "speedup"), ("speedup_min", "speedup min"), ("speedup_max", "speedup max"), ("runs", "runs"),
+    ("speedup", "speedup"), ("speedup_min", "speedup min"), ("speedup_max", "speedup max"),
+    ("end_to_end_speedup", "speedup end to end"), ("runs", "runs"),
     ("tar", "TAR"), ("accuracy", "accuracy"), ("draft_accuracy", "draft accuracy"),
     ("draft_bits_per_byte", "draft bits/byte"),
     ("documents", "documents"), ("tokens_per_second", "tokens/s"), ("baseline_tokens_per_second", "plain tokens/s"),
@@ -96,6 +97,7 @@ class LeaderboardRow:
     generated_tokens: int | None = None
     baseline_tokens: int | None = None
     overshoot_tokens: int | None = None
+    end_to_end_speedup: float | None = None  # the median over runs, prefill included (Spec-Bench's wall time)
     draft_accuracy: float | None = None
     draft_bits_per_byte: float | None = None
     target_bits_per_byte: float | None = None
@@ -132,10 +134,11 @@ def rows_from_configuration(config: Configuration) -> list[LeaderboardRow]:
             draft_layers=record.draft_layers or None, date=_day(latest.date), lm_eval=record.versions.get("lm-eval"),
             specdraft_eval=record.versions.get("specdraft-eval"), metric=scores[0][0] if scores else None,
             acceptance_rate_per_position=stats.acceptance_rate_per_position,
-            conditional_acceptance=positions([r or 0.0 for r in stats.conditional_acceptance_per_position]),
+            conditional_acceptance=positions(stats.conditional_acceptance_per_position),
             mean_acceptance_length=stats.mean_acceptance_length, accept_length=stats.accept_length,
             mean_accepted_tokens=stats.mean_accepted_tokens, generated_tokens=stats.generated_tokens,
             baseline_tokens=stats.baseline_tokens or None, overshoot_tokens=stats.overshoot_tokens,
+            end_to_end_speedup=_median([s.end_to_end_speedup for s in timed]),
         ))
     return rows
 

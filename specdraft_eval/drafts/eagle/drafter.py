@@ -117,6 +117,9 @@ class EagleRows:
         self.fed = [0] * self.count  # pairs in the head's cache computed from the target's features
         self.last: list[torch.Tensor | None] = [None] * self.count  # [H]: the head's output at the last pair fed
 
+    def see(self, tokens: list[list[int]], rows: list[int]) -> None:
+        """Nothing kept of what the run generates: the cache follows the rows through propose and observe."""
+
     def observe(self, row: int, features: torch.Tensor) -> None:
         if len(features):
             self.pending[row].append(features)
@@ -183,16 +186,15 @@ class EagleRows:
         mark = self.cache.mark()
         try:
             drafted = (self._trees(drafting, budgets) if self.drafter.tree is not None
-                       else self._chains(drafting, max(budgets[row] for row in drafting), samplers))
+                       else self._chains(drafting, [budgets[row] for row in drafting], samplers))
         finally:
             self.cache.restore(mark)
         for row, proposal in zip(drafting, drafted, strict=True):
-            proposals[row] = proposal if proposal.parents is not None else Proposal(
-                proposal.tokens[: budgets[row]], None if proposal.probs is None else proposal.probs[: budgets[row]])
+            proposals[row] = proposal
         return proposals
 
-    def _chains(self, drafting: list[int], depth: int, samplers: list[Sampler]) -> list[Proposal]:
-        """Each drafting row's chain, ``depth`` tokens: one head pass per token for all of them."""
+    def _chains(self, drafting: list[int], budgets: list[int], samplers: list[Sampler]) -> list[Proposal]:
+        """Each drafting row's chain of its budget's tokens: one head pass per position for all of them."""
         head, drafter = self.drafter.model, self.drafter
         hidden = torch.stack([self.last[row] for row in drafting])  # [R, H]
 
@@ -205,7 +207,7 @@ class EagleRows:
             hidden = self._pass(feeding, features, own=True, keep=[len(f) for f in feeding])[drafting, 0]
             return head.logits(hidden).float()
 
-        return draft_chains(head.logits(hidden).float(), depth, [samplers[row] for row in drafting], drafter.ids,
+        return draft_chains(head.logits(hidden).float(), budgets, [samplers[row] for row in drafting], drafter.ids,
                             drafter.vocab_size, advance)
 
     def _trees(self, drafting: list[int], budgets: list[int]) -> list[Proposal]:
