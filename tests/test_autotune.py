@@ -72,7 +72,8 @@ def test_auto_tunes_inside_the_run_then_reads_its_own_result(tiny):
     assert outputs == plain.generate_until(_requests(), disable_tqdm=True)
     [stored] = store.entries()
     assert stored.origin == "lm_eval" and stored.record.draft == block["draft"] and stored.record.tuning
-    assert block["auto"]["tasks"]["t"]["draft"] == block["draft"] and "tuned on" in block["auto"]["tasks"]["t"]["reason"]
+    choice = block["auto"]["tasks"]["t"]
+    assert choice["draft"] == block["draft"] and "tuned on" in choice["reason"]
     again = SpecDecLM(pretrained=str(tiny), draft="auto", device="cpu", kernels="plain")
     again.generate_until(_requests()[:2], disable_tqdm=True)
     paid = block["speedup"] > 1  # a random tiny model: the winner may still not beat plain decoding
@@ -292,3 +293,17 @@ def test_a_group_of_subtasks_is_one_task():
     assert groups["specdec_humaneval"] == "specdec_humaneval"
     assert set(groups_of([*mmlu[:5], "gsm8k"]).values()) == {*mmlu[:5], "gsm8k"}
     assert groups_of(["mmlu_anatomy"]) == {"mmlu_anatomy": "mmlu_anatomy"}
+
+
+def test_batch_size_auto_plans_with_the_batch_size_it_will_run(tiny, monkeypatch):
+    """--batch_size auto: draft=auto looks up and plans its tuning with the size lm-eval's detection finds (the CPU
+    rule: what fits in half the memory, at most 64), not with 1."""
+    from specdraft_eval.integration import auto
+    from specdraft_eval.integration.lm_eval_model import SpecDecLM
+
+    planned = []
+    monkeypatch.setattr(auto.AutoRun, "start", lambda self, task, requests, batch_size: planned.append(batch_size)
+                        or self._choose(task, auto.Choice("prompt-lookup:3", 4, True, "test")))
+    lm = SpecDecLM(pretrained=str(tiny), draft="auto", device="cpu", kernels="plain", batch_size="auto")
+    lm.generate_until(_requests(CONTEXTS[:2]), disable_tqdm=True)
+    assert planned == [lm._detect_batch_size()] and planned[0] == 64

@@ -89,7 +89,10 @@ class AutoRun:
         return self.sessions[configuration]
 
     def session(self, task: str) -> Session:
-        """The session that decodes ``task``'s next batch (while it tunes: the contender's)."""
+        """The session that decodes ``task``'s next batch (while it tunes: the contender's; a task not started, as
+        when the engine is driven without lm-eval's generate_until, is decided as a lone request)."""
+        if task not in self.choices and task not in self.tuners:
+            self.start(task, 1, 1)
         tuner = self.tuners.get(task)
         if tuner is not None:
             return tuner.session()

@@ -28,7 +28,6 @@ from specdraft_eval.engine.session import Session
 from specdraft_eval.errors import SpecdecError, one_line, raise_terminated
 from specdraft_eval.integration.auto import AutoRun
 from specdraft_eval.integration.model_args import SpecdecArgs, hf_arguments
-from specdraft_eval.integration.recommend import resolve_auto
 from specdraft_eval.integration.task_groups import groups_of
 from specdraft_eval.measure import store
 from specdraft_eval.measure.environment import ModelFacts
@@ -67,7 +66,7 @@ class SpecDecLM(HFLM):
     """HFLM whose ``generate_until`` runs speculative decoding with ``draft``.
 
     model_args: ``pretrained`` (alias, directory, .gguf, hub id), ``draft`` (``prompt-lookup[:N]``,
-    ``layers:SPEC``, a draft model, ``A|B``, or ``auto``: :func:`~specdraft_eval.integration.recommend.resolve_auto`,
+    ``layers:SPEC``, a draft model, ``A|B``, or ``auto``: per task, :class:`~specdraft_eval.integration.auto.AutoRun`,
     whose γ and dynamic γ apply unless given), ``num_draft_tokens`` (γ, default 4), ``dynamic_gamma``,
     ``baseline`` (also time plain decoding of every request, for speedup), ``seed``, ``kernels`` (``onednn``:
     pre-packed CPU linears, the default; ``plain``: PyTorch's own, the default with ``compile``), ``static_cache``

@@ -59,6 +59,7 @@ class BatchRow:
     draft_ms_per_pass: float = 0.0
     host_reads_per_pass: float | None = None
     mean_gamma: float | None = None  # drafted tokens per row per step (dynamic γ: what it chose)
+    tar_by_repeat: list[float | None] | None = None  # each repeat's own TAR (each a fresh draft)
 
     def to_json(self) -> dict:
         return {**asdict(self), "tokens_per_second": self.tokens_per_second.to_json(),
@@ -160,7 +161,8 @@ def _measure(target, drafter, run: RunSettings, ids: list[list[int]], expected: 
                        target.device, distinct_weight_bytes(target)),
         draft_ms_per_pass=statistics.median(t.draft_seconds / t.verify_passes * 1000 for t in totals),
         host_reads_per_pass=totals[0].host_reads / passes if passes else None,
-        mean_gamma=totals[0].draft_tokens / totals[0].steps if totals[0].steps else None), totals
+        mean_gamma=totals[0].draft_tokens / totals[0].steps if totals[0].steps else None,
+        tar_by_repeat=[t.tar for t in totals]), totals
 
 
 def study(target_name: str, drafts: list[str], prompts: list[str], plan: BenchPlan, settings: LoadSettings,

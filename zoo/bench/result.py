@@ -39,6 +39,7 @@ class StepFigures:
     verify_ms_per_step: float | None
     mean_gamma: float | None
     acceptance: dict | None = None
+    tar_by_repeat: list[float | None] | None = None  # our engine's rows: each repeat's own (a fresh draft each)
 
 
 @dataclass

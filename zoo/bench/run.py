@@ -323,9 +323,10 @@ def _step_figures(config: Config, flat: list[Run], target_s: float, draft_s: flo
                            draft_s / draft_calls * 1000 if draft_calls else None,
                            target_s / steps * 1000 if steps else None, None)
     drafted = stats.draft_tokens  # plain decoding: TAR 1.0, no draft
+    by_repeat = [sum((r.stats for r in runs if r.stats is not None), GenerationStats()).tar for runs in config.runs]
     return StepFigures(stats.tar, stats.draft_ms_per_token, stats.verify_ms_per_step,
                        drafted / stats.steps if stats.steps and drafted else None,
-                       stats.acceptance_figures if drafted else None)
+                       stats.acceptance_figures if drafted else None, by_repeat if drafted else None)
 
 
 def bench(target_name: str, drafts: list[str], prompts: list[str], plan: BenchPlan, settings: LoadSettings,
