@@ -116,7 +116,9 @@ def test_bench_compile_runs_compiled_configurations_beside_the_eager_ones(tiny, 
         assert row.engine == bench_result.OURS_DYNAMIC or row.steps.tar == twin.steps.tar, row.engine
         assert row.steps.verify_ms_per_step > 0, row.engine
         assert 0 <= row.overhead < 1, row.engine  # plain decoding's too: the engine's split, not the hooks'
-        assert (row.steps.draft_ms_per_token is None) == (row.engine == bench_result.OURS_PLAIN), row.engine
+        drafted = row.steps.mean_gamma is not None  # dynamic γ may back off entirely on measured latencies
+        assert drafted == (row.engine != bench_result.OURS_PLAIN) or row.engine == bench_result.OURS_DYNAMIC
+        assert (row.steps.draft_ms_per_token is None) == (not drafted), row.engine
     rows = render.table_rows(result)
     assert {"compiled", "warm-up s", "timed compiles"} <= set(rows[0])
     torch._dynamo.reset()

@@ -310,6 +310,7 @@ def test_acceptance_as_vllm_and_speed_bench_count_it_where_drafts_vary_in_length
     stats = GenerationStats()
     for drafted, accepted, kept in steps:
         stats.record_step(*_counted(Proposal(list(range(drafted))), list(range(accepted)), kept))
+        stats.overshoot_tokens += accepted + 1 - kept  # as the loop counts the tokens it cut
     # vLLM, step by step: 5 drafts, 3+1+2+3+3 = 12 draft tokens, 3+1+1+1+3 = 9 accepted; per position
     # [5, 2, 2] (position 1: the first step's and the last's; position 2: the same two)
     assert stats.vllm_counters == {"num_drafts": 5, "num_draft_tokens": 12, "num_accepted_tokens": 9,
@@ -323,6 +324,7 @@ def test_acceptance_as_vllm_and_speed_bench_count_it_where_drafts_vary_in_length
     assert stats.conditional_acceptance_per_position == pytest.approx([1.0, 1 / 3, 1.0])
     # (the rule "over accepted at i - 1" gives [1.0, 1/5, 1.0]: the steps whose drafts ended are not failures)
     stats.record_step(*_counted(Proposal([7, 8]), [0, 1], 1))  # a stop in the step's first token: no draft of ours
+    stats.overshoot_tokens += 2
     assert stats.drafts == 5 and stats.vllm_counters["num_drafts"] == 6  # vLLM's draft, all its tokens accepted
     assert stats.vllm_counters["num_accepted_tokens"] == 11
 
@@ -336,3 +338,19 @@ def test_undefined_positions_are_null_in_json_and_a_dash_in_tables():
     assert stats.conditional_acceptance_per_position == [0.0, None, None]  # nobody reached positions 1 and 2
     assert stats.summary()["conditional_acceptance_per_position"] == [0.0, None, None]
     assert positions(stats.conditional_acceptance_per_position) == "0.00 - -"
+
+
+def test_vllms_figures_are_unknown_for_counters_that_did_not_keep_the_cut():
+    """Every token past a stop is an accepted draft token a cut removed: counters that kept the cut have as many
+    cut accepted tokens as overshoot tokens, and only they give vLLM's figures (records from before: null)."""
+    from specdraft_eval.engine.drafter import Proposal
+    from specdraft_eval.engine.loop import _counted
+
+    stats = GenerationStats()
+    stats.record_step(*_counted(Proposal([1, 2, 3]), [0, 1, 2], 2))
+    stats.overshoot_tokens = 2  # as the loop counts it: 4 emitted, 2 kept
+    assert sum(stats.cut_accepted_per_position) == 2 and stats.mean_acceptance_length == 1 + 3 / 1
+    old = GenerationStats(steps=1, draft_tokens=1, accepted_tokens=1, drafted_per_position=[1],
+                          accepted_per_position=[1], drafted_histogram=[0, 1], overshoot_tokens=2)
+    assert old.vllm_counters is None and old.mean_acceptance_length is None and old.acceptance_rate_per_position == []
+    assert GenerationStats.of_request(stats.request_figures()).vllm_counters == stats.vllm_counters

@@ -221,6 +221,8 @@ class SuffixKind(DraftKind):
     """``suffix[:tree][:DIR][?name=value&...]``; the value is its :class:`SuffixSettings`."""
 
     name = "suffix"
+    version = 2  # 2: every step's tokens join the cache (a request starts with its prompt however late it first
+    # drafts; a finished row's last step joins too), as vLLM's proposer adds them
     usage = "suffix[:tree][:DIR]"
     summary = "ArcticInference's suffix tree over the request and earlier outputs, as vLLM runs it (no model)"
     parameters = PARAMETERS

@@ -140,7 +140,10 @@ class GenerationStats:
             "steps": self.steps, "drafts": self.drafts, "draft_tokens": self.draft_tokens,
             "accepted_tokens": self.accepted_tokens, "drafted_per_position": list(self.drafted_per_position),
             "accepted_per_position": list(self.accepted_per_position),
-            "drafted_histogram": list(self.drafted_histogram), "tar": self.tar, **self.acceptance_figures,
+            "drafted_histogram": list(self.drafted_histogram), "reached_per_position": list(self.reached_per_position),
+            "cut_drafts": self.cut_drafts, "cut_draft_tokens": self.cut_draft_tokens,
+            "cut_accepted_per_position": list(self.cut_accepted_per_position), "tar": self.tar,
+            **self.acceptance_figures,
             "draft_ms": self.draft_seconds * 1000, "verify_ms": self.verify_seconds * 1000,
             "decode_ms": self.decode_seconds * 1000,
             "baseline_tokens": self.baseline_tokens if self.baseline_seconds else None,
@@ -157,6 +160,9 @@ class GenerationStats:
                    drafted_per_position=list(figures["drafted_per_position"]),
                    accepted_per_position=list(figures["accepted_per_position"]),
                    drafted_histogram=list(figures.get("drafted_histogram") or []),
+                   reached_per_position=list(figures.get("reached_per_position") or []),
+                   cut_drafts=figures.get("cut_drafts") or 0, cut_draft_tokens=figures.get("cut_draft_tokens") or 0,
+                   cut_accepted_per_position=list(figures.get("cut_accepted_per_position") or []),
                    baseline_tokens=figures.get("baseline_tokens") or 0,
                    baseline_seconds=(figures.get("baseline_ms") or 0.0) / 1000)
 
@@ -195,11 +201,14 @@ class GenerationStats:
         return self.steps - (self.drafted_histogram[0] if self.drafted_histogram else 0)
 
     @property
-    def vllm_counters(self) -> dict[str, int | list[int]]:
+    def vllm_counters(self) -> dict[str, int | list[int]] | None:
         """vLLM's ``spec_decode`` counters as its scheduler counts them for the same steps: drafted and accepted
         tokens before the stop check, so a final step's tokens past the stop count (``num_drafts``,
         ``num_draft_tokens``, ``num_accepted_tokens``, ``num_accepted_tokens_per_pos`` over the drafted
-        positions)."""
+        positions). None for counters from before the cut was kept: every token past a stop is an accepted draft
+        token the cut removed, so ``overshoot_tokens`` equals the cut's accepted tokens whenever they were kept."""
+        if sum(self.cut_accepted_per_position) != self.overshoot_tokens:
+            return None
         accepted = _add_lists(self.accepted_per_position, self.cut_accepted_per_position)
         positions = len(self.drafted_per_position)
         return {"num_drafts": self.drafts + self.cut_drafts,
@@ -213,7 +222,8 @@ class GenerationStats:
         (:attr:`vllm_counters`: a final step's tokens past the stop included; steps that drafted nothing, as at
         γ = 0, are not drafts)."""
         counters = self.vllm_counters
-        return 1 + counters["num_accepted_tokens"] / counters["num_drafts"] if counters["num_drafts"] else None
+        return 1 + counters["num_accepted_tokens"] / counters["num_drafts"] if counters and counters["num_drafts"] \
+            else None
 
     @property
     def acceptance_rate_per_position(self) -> list[float]:
@@ -221,7 +231,7 @@ class GenerationStats:
         accepted, over all drafts (a position after a rejection, or not drafted, counts as not accepted), from
         :attr:`vllm_counters`."""
         counters = self.vllm_counters
-        drafts = counters["num_drafts"]
+        drafts = counters["num_drafts"] if counters else 0
         return [a / drafts for a in counters["num_accepted_tokens_per_pos"]] if drafts else []
 
     @property

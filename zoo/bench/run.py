@@ -73,7 +73,7 @@ class Config:
     compiled: bool = False  # ours: compile=true; transformers: its static cache, compiled
     runs: list[list[Run]] = field(default_factory=list)  # [repeat][prompt]
     peak_mb: float | None = None
-    controller: GammaController | None = None  # dynamic γ: one per configuration, learning across its runs
+    controller: GammaController | None = None  # dynamic γ: one per configuration and repeat, learning over its prompts
     warm_up_seconds: float = 0.0  # the first call's wall time, compilation included: outside every timed run
     timed_compiles: int = 0  # graphs compiled during the timed runs
 
@@ -232,8 +232,9 @@ def run_bench(target, target_name: str, tokenizer, drafters: list, prompts: list
     for config in configs:
         bench.warm_up(config, ids[0])
     for _ in range(repeats):
-        for config in configs:  # each repeat starts from the draft's own state, not the warm-up's or a repeat's
+        for config in configs:  # each repeat starts from the draft's own state, not the warm-up's or a repeat's,
             config.drafter = config.drafter.fresh() if config.drafter is not None else None
+            config.controller = None  # and dynamic γ learns anew (over the repeat's prompts, as over a run's)
         runs = {id(c): [] for c in configs}
         for prompt in ids:
             for config in configs:
