@@ -36,8 +36,9 @@ accept length, MAT mean accepted tokens) and the output counted."""
 
 
 def positions(rates: list[float | None] | None, most: int = 8) -> str | None:
-    """Per-position acceptance rates compactly, e.g. ``0.62 0.41 - 0.17`` (``-``: undefined at that position)."""
-    if not rates:
+    """Per-position acceptance rates compactly, e.g. ``0.62 0.41 - 0.17`` (``-``: undefined at that position); None
+    when none is defined."""
+    if not rates or all(r is None for r in rates):
         return None
     return " ".join("-" if r is None else f"{r:.2f}" for r in rates[:most]) + (" …" if len(rates) > most else "")
 
