@@ -58,23 +58,30 @@ class AutoRun:
         if task in self.choices or task in self.tuners:
             return
         found = resolve_auto(self.target, self.runtime, batch_size, task)
-        if found.tune and not self.fixed and most_contenders(int(IN_RUN_SHARE * requests) // batch_size) > 1:
-            tried, skipped = contenders(self.target, candidate_set(self.target.model.config.num_hidden_layers))
-            for line in skipped:
-                log.info("draft=auto: not trying %s", line)
-            if len(tried) > 1:
-                tuner = RunTuner(self.target.model, tried, self.run_for(4, True), self.baseline)
-                tuner.plan(requests, batch_size)
-                if tuner.winner is None:
-                    self.tuners[task] = tuner
-                    log.warning("draft=auto on %s: nothing measured here on it at batch size %d; tuning on its first "
-                                "requests (at most %d%%) among %s", task, batch_size, round(IN_RUN_SHARE * 100),
-                                ", ".join(c.drafter.name for c in tuner.contenders))
-                    return
-        run = self.run_for(found.num_draft_tokens, found.dynamic_gamma)
-        reason = found.reason if found.on_task or found.tune is False or self.fixed else (
-            found.reason + f"; too few {task} requests to tune on ({requests})")
+        run, reason = self.run_for(found.num_draft_tokens, found.dynamic_gamma), found.reason
+        if found.tune and not self.fixed:
+            if most_contenders(int(IN_RUN_SHARE * requests) // batch_size) < 2:
+                reason += f"; too few {task} requests to tune on ({requests})"
+            elif self._tune(task, requests, batch_size, run):
+                return
         self._choose(task, Choice(found.draft, run.gamma.num_draft_tokens, run.gamma.dynamic, reason))
+
+    def _tune(self, task: str, requests: int, batch_size: int, run: RunSettings) -> bool:
+        """Start tuning ``task`` on its first requests; False when fewer than two contenders load here."""
+        tried, skipped = contenders(self.target, candidate_set(self.target.model.config.num_hidden_layers))
+        for line in skipped:
+            log.info("draft=auto: not trying %s", line)
+        if len(tried) < 2:
+            return False
+        tuner = RunTuner(self.target.model, tried, run, self.baseline)  # (each contender runs its own γ policy)
+        tuner.plan(requests, batch_size)
+        if tuner.winner is not None:
+            return False
+        self.tuners[task] = tuner
+        log.warning("draft=auto on %s: nothing measured here on it at batch size %d; tuning on its first requests "
+                    "(at most %d%%) among %s", task, batch_size, round(IN_RUN_SHARE * 100),
+                    ", ".join(c.drafter.name for c in tuner.contenders))
+        return True
 
     def _choose(self, task: str, choice: Choice) -> None:
         self.choices[task] = choice

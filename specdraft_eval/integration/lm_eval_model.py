@@ -126,12 +126,8 @@ class SpecDecLM(HFLM):
 
     @property
     def _requests_per_batch(self) -> int:
-        """lm-eval's ``--batch_size``; with ``auto``, the batch size its detection finds (found once)."""
-        if isinstance(self.batch_size, int):
-            return self.batch_size
-        if self._detected_batch is None:
-            self._detected_batch = self._detect_batch_size()
-        return self._detected_batch
+        """lm-eval's ``--batch_size``; with ``auto``, the batch size its detection finds."""
+        return self.batch_size if isinstance(self.batch_size, int) else self._detect_batch_size()
 
     @property
     def session(self) -> Session:
@@ -255,14 +251,21 @@ class SpecDecLM(HFLM):
     def _detect_batch_size(self, requests=None, pos: int = 0) -> int:
         """``--batch_size auto``: on a GPU, lm-eval's own search (the largest batch that does not run out of
         memory); on the CPU, where running out of memory swaps instead of raising, the largest batch whose target
-        KV caches for ``max_length`` tokens fit in half the available memory, at most ``max_batch_size``."""
+        KV caches for ``max_length`` tokens fit in half the available memory, at most ``max_batch_size``. Found once
+        for generation (``draft=auto`` plans with it, then HFLM's generate_until decodes with it)."""
+        if requests is None and self._detected_batch is not None:
+            return self._detected_batch
         if self.device.type == "cuda":
-            return super()._detect_batch_size(requests, pos)
-        import psutil
+            found = super()._detect_batch_size(requests, pos)
+        else:
+            import psutil
 
-        per_row = ModelFacts.of(self.model).kv_bytes_per_token * self.max_length
-        fits = psutil.virtual_memory().available // 2 // max(per_row, 1)
-        return int(max(1, min(self.max_batch_size or 64, fits)))
+            per_row = ModelFacts.of(self.model).kv_bytes_per_token * self.max_length
+            fits = psutil.virtual_memory().available // 2 // max(per_row, 1)
+            found = int(max(1, min(self.max_batch_size or 64, fits)))
+        if requests is None:
+            self._detected_batch = found
+        return found
 
     # --- reporting -------------------------------------------------------------------------------
 
@@ -271,18 +274,18 @@ class SpecDecLM(HFLM):
         configuration's, its trials beside it)."""
         args = self.args
         measured = self._auto.measured() if self._auto else [(self._session, [])]
-        profile_kernels = kernel_paths.kernels_of(self.model)
+        profile = read_profile(default_profile_path(self.target_name, str(self.device),
+                                                    kernel_paths.kernels_of(self.model)), named=False)
+        runtime = runtime_of(self.model, args.static_cache, args.compile)
         records = []
         for session, trials in measured:
             name = session.drafter.name
-            profile = read_profile(default_profile_path(self.target_name, str(self.device), profile_kernels),
-                                   named=False)
             records.append(SpecdecRecord.new(
                 self.target_name, name, session.run.gamma.num_draft_tokens, session.run.gamma.dynamic, self.device,
                 dict(session.stats), session.drafter.model, profile.latencies(name) if profile else None,
-                session.divergences, runtime=runtime_of(self.model, args.static_cache, args.compile),
-                use_kernels=args.use_kernels, score=args.score, batch_size=max(self._largest_batch, 1),
-                tuning=trials, draft_state=session.drafter.describe(), kind_versions=kind_versions(name)))
+                session.divergences, runtime=runtime, use_kernels=args.use_kernels, score=args.score,
+                batch_size=max(self._largest_batch, 1), tuning=trials, draft_state=session.drafter.describe(),
+                kind_versions=kind_versions(name)))
         return records
 
     def _choices(self) -> dict[str, dict]:
