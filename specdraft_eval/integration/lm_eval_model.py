@@ -178,11 +178,8 @@ class SpecDecLM(HFLM):
                             if self.rank == 0 else None)
         if self.rank == 0 and by_task:
             record = self._merged or self._record()
-            for part in record.flat():
+            for part in record.flat():  # (draft=auto logged each task's choice when it made it)
                 print(table(part), flush=True)
-            for task, choice in record.auto.items():
-                print(f"draft=auto on {task}: {choice['draft']}, γ {choice['num_draft_tokens']}, dynamic γ "
-                      f"{choice['dynamic_gamma']} ({choice['reason']})", flush=True)
             if self.args.baseline:  # speedups measured on this machine: draft=auto reads them first
                 for part in record.flat():
                     self._stored[part.key()] = store.save(part, "lm_eval", replacing=self._stored.get(part.key()))
