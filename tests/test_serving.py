@@ -164,3 +164,43 @@ def test_trees_map_to_vllms_static_tree_and_sglangs_topk(tmp_path):
     for draft in ("suffix", "prompt-lookup", "layers:0-3"):
         with pytest.raises(SpecdecError, match="SGLang has no counterpart"):
             sglang_args(draft, 4)
+
+
+def test_engine_vllm_without_vllm_says_how_to_install_it(monkeypatch, tmp_path):
+    from specdraft_eval.integration.vllm_server import vllm_python
+
+    monkeypatch.setenv("SPECDRAFT_VLLM_PYTHON", str(tmp_path / "missing/python"))
+    with pytest.raises(SpecdecError, match=r"engine=vllm needs vLLM .*bash scripts/setup_vllm.sh"):
+        vllm_python()
+
+
+@pytest.mark.parametrize("given, message", [
+    ({"engine": "sglang"}, "use engine=specdec .ours. or engine=vllm"),
+    ({"engine": "vllm", "compile": "true"}, "compile: our engine's settings, which engine=vllm does not run"),
+    ({"engine": "vllm", "dynamic_gamma": "true"}, "dynamic_gamma: our engine's settings"),
+    ({"server": "http://127.0.0.1:8000"}, "server=URL names a vLLM server: add engine=vllm"),
+])
+def test_engine_arguments_are_checked_before_anything_loads(given, message):
+    from specdraft_eval.integration.model_args import SpecdecArgs
+
+    with pytest.raises(SpecdecError, match=message):
+        SpecdecArgs.take(dict(given))
+
+
+def test_vllm_metrics_text_parses_as_totals_and_per_position():
+    from specdraft_eval.integration.vllm_server import counter_difference, parse_metrics
+
+    text = """# HELP vllm:request_success_total Count of successfully processed requests.
+vllm:request_success_total{engine="0",finished_reason="stop",model_name="target"} 2.0
+vllm:request_success_total{engine="0",finished_reason="length",model_name="target"} 1.0
+vllm:spec_decode_num_drafts_total{engine="0",model_name="target"} 41.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="target",position="1"} 7.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="target",position="0"} 14.0
+vllm:generation_tokens_created{engine="0",model_name="target"} 1.7e9
+"""
+    counters = parse_metrics(text)
+    assert counters == {"vllm:request_success": 3.0, "vllm:spec_decode_num_drafts": 41.0,
+                        "vllm:spec_decode_num_accepted_tokens_per_pos": [14.0, 7.0]}
+    assert counter_difference(counters, {"vllm:spec_decode_num_accepted_tokens_per_pos": [4.0]}) == {
+        "vllm:request_success": 3.0, "vllm:spec_decode_num_drafts": 41.0,
+        "vllm:spec_decode_num_accepted_tokens_per_pos": [10.0, 7.0]}

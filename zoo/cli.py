@@ -218,6 +218,46 @@ batch_size: BatchSizeOpt = None,
 
 @app.command()
 @cli_errors
+def compare(
+    target: TargetOpt = DEFAULT_TARGET,
+    draft: Annotated[str, typer.Option("--draft", "-d", help="The draft, as vLLM serves it (prompt-lookup, suffix, "
+                                                              "eagle:DIR, a draft model).")] = "prompt-lookup",
+    task: Annotated[Optional[str], typer.Option(help=TaskText + " Default specdec_humaneval.")] = None,
+    prompts: PromptsFileOpt = None,
+    limit: Annotated[int, typer.Option(help="Number of prompts.")] = 4,
+    gamma: Annotated[int, typer.Option("--gamma", help="γ (num_speculative_tokens).")] = 4,
+    max_new_tokens: MaxNewOpt = 64,
+    batch_size: Annotated[str, typer.Option("--batch-size", help="Comma-separated batch sizes.")] = "1",
+    repeats: RepeatsOpt = 3,
+    as_json: JsonOpt = False,
+) -> None:
+    """Our engine against vLLM (engine=vllm: .venv-vllm) on the same prompts and draft, per batch size: outputs
+    identical or not, acceptance by position and mean acceptance length as vLLM counts them, tokens/s and speedup."""
+    from zoo.bench.render import spread_text
+    from zoo.engines import compare_engines
+    from zoo.prompts import check_positive, load_prompts
+
+    check_positive(limit=limit, gamma=gamma, max_new_tokens=max_new_tokens, repeats=repeats)
+    sizes = parse_positive_ints(batch_size, "--batch-size")
+    texts = load_prompts(task, prompts, limit)
+    with progress("comparing engines") as tick:
+        result = compare_engines(target, draft, texts, gamma, max_new_tokens, sizes, repeats, tick)
+    if as_json:
+        return emit(result.to_json(), True)
+    typer.echo(f"target {target}, draft {result.draft}, γ={gamma}: {len(texts)} prompts × {max_new_tokens} new "
+               f"tokens, greedy, {repeats} repeats (median [min–max]); vLLM {result.vllm_version}")
+    emit([{"engine": r.engine, "batch": r.batch_size, "tok/s": spread_text(r.tokens_per_second, ".1f"),
+           "plain tok/s": spread_text(r.plain_tokens_per_second, ".1f"), "speedup": spread_text(r.speedup, ".2f"),
+           "vLLM MAL": r.mean_acceptance_length, "accept by position": " ".join(f"{x:.2f}" for x in
+                                                                              r.acceptance_by_position),
+           "= own plain": f"{r.identical_to_own_plain}/{r.requests}",
+           "= other engine": f"{r.identical_to_other_engine}/{r.requests}"} for r in result.rows], False)
+    for size in sizes:
+        typer.echo(f"batch {size}: acceptance by position differs by at most {result.position_difference(size)}")
+
+
+@app.command()
+@cli_errors
 def recommend(
     target: TargetOpt = DEFAULT_TARGET,
     task: ScoreTaskOpt = None,

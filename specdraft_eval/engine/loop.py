@@ -113,7 +113,8 @@ class _Row:
 
 
 def _steps(target, cache: BatchCache, rows: list[_Row], drafters: Rows, params: DecodeParams,
-           controller: GammaController | FixedGamma, tap: FeatureTap | None) -> tuple[list[_Row], GenerationStats]:
+           controller: GammaController | FixedGamma, tap: FeatureTap | None,
+           steps_as_vllm: bool = False) -> tuple[list[_Row], GenerationStats]:
     """Draft every row (one call), verify all rows in one target pass, hand the draft the target's features of what
     each row kept, until every row has finished. Returns the finished rows and the batch's draft, draft prefill (a
     draft catching up: :meth:`Drafter.catch_up`) and verification seconds and its verification passes."""
@@ -126,7 +127,8 @@ def _steps(target, cache: BatchCache, rows: list[_Row], drafters: Rows, params: 
         controller.rows = len(rows)
         gamma = controller.gamma
         tokens = [row.prompt + row.new for row in rows]
-        budgets = [min(gamma, max_new_tokens - len(row.new) - 1) for row in rows]
+        budgets = ([gamma if row.new else 0 for row in rows] if steps_as_vllm  # (RunSettings.steps_as_vllm)
+                   else [min(gamma, max_new_tokens - len(row.new) - 1) for row in rows])
         behind = [i for i, (row, budget) in enumerate(zip(rows, budgets, strict=True)) if budget > 0 and row.behind]
         catching_up, returning = 0.0, all(rows[i].drafted for i in behind)  # (not a prompt's prefill)
         if behind:
@@ -221,7 +223,7 @@ def _decode(target, draft: Drafter, prompts: list[list[int]], params: DecodePara
             row.stats = GenerationStats(generations=1, prompt_tokens=len(row.prompt))
             if prefilled is not None:
                 drafters.observe(row.index, prefilled[row.index, : len(row.prompt) - 1])
-        finished, clocked = _steps(target, cache, rows, drafters, params, controller, tap)
+        finished, clocked = _steps(target, cache, rows, drafters, params, controller, tap, run.steps_as_vllm)
     finally:
         if tap:
             tap.close()

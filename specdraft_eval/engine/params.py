@@ -96,12 +96,17 @@ class RunSettings:
     """A run's engine settings, the same for every request of it: γ, the target's and model drafts' KV caches
     preallocated (``static_cache``: :mod:`~specdraft_eval.engine.graphs`), the target's steps compiled (``compile``:
     CUDA graphs on a GPU; implies ``static_cache``) and the positions a static cache holds at least (``capacity``:
-    the run's longest row, :func:`row_positions`, so that every request shares one shape; None: each its own)."""
+    the run's longest row, :func:`row_positions`, so that every request shares one shape; None: each its own).
+    ``steps_as_vllm``: steps as vLLM takes them, so that both engines draft from the same contexts (``zoo compare``):
+    a row's first step drafts nothing (vLLM's prefill emits a request's first token), and every later one drafts γ
+    tokens even past the token budget (vLLM drafts them, counts what it accepted and discards what the budget cuts:
+    our ``cut_*`` counters)."""
 
     gamma: GammaPolicy = GammaPolicy()
     static_cache: bool = False
     compile: bool = False
     capacity: int | None = None
+    steps_as_vllm: bool = False
 
     def __post_init__(self) -> None:
         if self.compile:

@@ -105,7 +105,7 @@ class SpecDecLM(HFLM):
             if spec.kind == AUTO:
                 raise SpecdecError("draft=auto with engine=vllm: name the draft vLLM serves (prompt-lookup, suffix, "
                                    "an EAGLE head, a draft model); `zoo recommend` lists the measured ones")
-            self._session = VllmSession(VllmRun(vllm_model_dir(pretrained, model_args), args.draft,
+            self._session = VllmSession(VllmRun(vllm_model_dir(self.target_name), args.draft,
                                                 args.run().gamma.num_draft_tokens, args.baseline, args.server,
                                                 max(self._requests_per_batch, 1), self.max_length), self.model)
         elif spec.kind == AUTO:

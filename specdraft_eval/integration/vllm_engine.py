@@ -26,7 +26,7 @@ from specdraft_eval.integration.serving import speculative_config, stats_from_vl
 from specdraft_eval.integration.vllm_server import Completion, ServeSettings, VllmServer, counter_difference
 from specdraft_eval.measure.record import Runtime
 from specdraft_eval.measure.stats import Divergence, GenerationStats
-from specdraft_eval.models.targets import ModelSource, local_dir
+from specdraft_eval.models.targets import local_dir, resolve
 
 SPEC_COUNTERS = ("spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens",
                  "spec_decode_num_accepted_tokens_per_pos", "generation_tokens", "prompt_tokens", "request_success")
@@ -52,12 +52,10 @@ class VllmRun:
         return ServeSettings(self.model_dir, config, self.max_model_len, self.max_num_seqs)
 
 
-def vllm_model_dir(pretrained: str, hf_kwargs: dict) -> str:
-    """What vLLM loads for the target HFLM loads: its HF directory or hub id (a GGUF: the HF directory it was
-    converted into, the same weights)."""
-    if hf_kwargs.get("gguf_file"):
-        return local_dir(ModelSource(str(pretrained), str(pretrained), hf_kwargs["gguf_file"])).path
-    return str(pretrained)
+def vllm_model_dir(target: str) -> str:
+    """What vLLM loads for a target name (alias, directory, .gguf, hub id): its HF directory or hub id (a GGUF: the
+    HF directory it was converted into, the weights our engine runs)."""
+    return local_dir(resolve(target)).path
 
 
 class VllmSession:
@@ -81,6 +79,16 @@ class VllmSession:
         self.stats: dict[str, GenerationStats] = defaultdict(GenerationStats)
         self.divergences: list[Divergence] = []
         self.order = Alternation()
+        self._before = self.speculative.counters()
+
+    def renew(self) -> None:
+        """A new speculative server, its draft state empty (vLLM's suffix cache keeps every request it saw, and no
+        endpoint empties it): a measurement that must start fresh starts one (its counters since then)."""
+        if self.run.server:
+            raise SpecdecError("a server you run cannot be restarted with an empty draft state: leave server out")
+        self.servers.remove(self.speculative)
+        self.speculative.close()
+        self.speculative = self._start(self.run.settings(speculative=True))
         self._before = self.speculative.counters()
 
     def _start(self, settings: ServeSettings) -> VllmServer:

@@ -193,6 +193,8 @@ class VllmServer:
     def close(self) -> None:
         """Stop a server started here (SIGTERM to its process group, then SIGKILL); a no-op for an attached one."""
         process, self.process = self.process, None
+        if self.log_path is not None and process is not None:
+            self.log_path.unlink(missing_ok=True)  # (a start that failed said its last line already)
         if process is None or process.poll() is not None:
             return
         try:
