@@ -55,6 +55,13 @@ declare -A configs=(
   [suffix-s1_eagle-tree]="$target,draft=suffix?min_score=1|eagle:$drafts/smollm2-eagle@2x4,num_draft_tokens=8"
   [suffix-s3_eagle-tree]="$target,draft=suffix?min_score=3|eagle:$drafts/smollm2-eagle@2x4,num_draft_tokens=8"
   [prompt-lookup_eagle-tree]="$target,draft=prompt-lookup:2-3|eagle:$drafts/smollm2-eagle@2x4,num_draft_tokens=6"
+  # vLLM (engine=vllm: .venv-vllm) on the same documents, speedup over vLLM's plain decoding of the same requests
+  [vllm_prompt-lookup]="$target,engine=vllm,draft=prompt-lookup,num_draft_tokens=4"
+  [vllm_suffix]="$target,engine=vllm,draft=suffix,num_draft_tokens=24"
+  [vllm_eagle]="$target,engine=vllm,draft=eagle:$drafts/smollm2-eagle-vllm,num_draft_tokens=4"  # zoo export's
+  [vllm_eagle3]="$target,engine=vllm,draft=eagle:$drafts/smollm2-eagle3,num_draft_tokens=4"  # as shipped
+  [vllm_layers_0-4]="$target,engine=vllm,draft=$drafts/smollm2-layers-0-4,num_draft_tokens=4"  # layers:0-4's
+  # weights as a draft model (zoo prune --keep 0-4, not distilled)
   [as-target_smollm2-5l-distilled]="pretrained=$drafts/smollm2-5l-distilled,draft=prompt-lookup"  # its accuracy
   [auto]="$target,draft=auto"  # last: resolves from the runs above
   [lm_target]="pretrained=smollm2-135m-instruct"  # the target's own bits per byte
@@ -70,7 +77,8 @@ order=(prompt-lookup prompt-lookup_ngram ngram prompt-lookup-tree suffix suffix_
        eagle-tree-xl eagle3-tree suffix-ngram_eagle-tree suffix_eagle-tree suffix-s1_eagle-tree suffix-s3_eagle-tree
        prompt-lookup_eagle-tree layers_0-1 layers_0-4
        layers_0-9 layers_uniform-2 layers_uniform-5 auto
-       lm_target lm_layers_0-1 lm_layers_0-4 lm_layers_0-9 lm_layers_uniform-2 lm_layers_uniform-5)  # published
+       lm_target lm_layers_0-1 lm_layers_0-4 lm_layers_0-9 lm_layers_uniform-2 lm_layers_uniform-5
+       vllm_prompt-lookup vllm_suffix vllm_eagle vllm_eagle3 vllm_layers_0-4)  # published
 extra=(layers_0-19 layers_0-24 layers_uniform-10 layers_bi-10 smollm2-5l-distilled smollm2-10l-distilled
        smollm2-5l-distilled_fixed smollm2-10l-distilled_fixed smollm2-5l-bi smollm2-5l-bi-v4096
        as-target_smollm2-5l-distilled lm_layers_0-19 lm_layers_0-24 lm_layers_uniform-10 lm_layers_bi-10
@@ -100,6 +108,13 @@ if wants smollm2-eagle3 && [ ! -d $drafts/smollm2-eagle3 ]; then  # shipped in g
   $bin/zoo train-head smollm2-135m-instruct --kind eagle3 --unroll 4 --max-prompts 120 --text python \
     --text-tokens 200000 --steps 1000 --out $drafts/smollm2-eagle3
 fi
+if wants smollm2-eagle-vllm && [ ! -d $drafts/smollm2-eagle-vllm ]; then  # the EAGLE-1 head as vLLM reads it
+  $bin/zoo export $drafts/smollm2-eagle --to vllm --out $drafts/smollm2-eagle-vllm
+fi
+if wants smollm2-layers-0-4 && [ ! -d $drafts/smollm2-layers-0-4 ]; then
+  $bin/zoo prune smollm2-135m-instruct --keep 0-4 --out $drafts/smollm2-layers-0-4
+fi
+if [[ " ${names[*]} " == *" vllm_"* ]]; then bash scripts/setup_vllm.sh; fi
 for name in "${names[@]}"; do
   [ -n "${configs[$name]:-}" ] || { echo "reproduce.sh: unknown configuration $name: use all or one of ${order[*]} ${extra[*]}" >&2; exit 2; }
   if [ "$name" = sweep ]; then

@@ -281,10 +281,10 @@ class SpecDecLM(HFLM):
         args = self.args
         if isinstance(self._session, VllmSession):
             session = self._session
-            return [SpecdecRecord.new(self.target_name, args.draft, args.run().gamma.num_draft_tokens, False,
+            return [SpecdecRecord.new(self.target_name, session.name, args.run().gamma.num_draft_tokens, False,
                                       self.device, dict(session.stats), None, None, session.divergences,
                                       runtime=session.runtime, batch_size=max(self._largest_batch, 1),
-                                      kind_versions=kind_versions(args.draft),
+                                      kind_versions=kind_versions(session.name),
                                       engine_counters=session.engine_counters())]
         measured = self._auto.measured() if self._auto else [(self._session, [])]
         profile = read_profile(default_profile_path(self.target_name, str(self.device),

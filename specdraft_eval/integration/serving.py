@@ -45,6 +45,12 @@ def _kind_of(draft: str, server: str):
     return draft_kinds().get(spec.kind), spec
 
 
+def canonical_name(draft: str) -> str:
+    """The draft's name as our engine's drafter of it is named (``prompt-lookup`` -> ``prompt-lookup:3``)."""
+    kind, spec = _kind_of(draft, "vllm")
+    return kind.canonical(spec.value, spec.name) if kind else draft
+
+
 def speculative_config(draft: str, num_draft_tokens: int) -> dict:
     """vLLM's ``speculative_config`` for one of our draft specs (the kind's mapping:
     :meth:`~specdraft_eval.drafts.kind.DraftKind.vllm_config`), or a one-line error saying what to use instead."""

@@ -22,7 +22,7 @@ from specdraft_eval.engine.params import DecodeParams
 from specdraft_eval.engine.sampling import stream_seed
 from specdraft_eval.engine.session import Alternation, Batch
 from specdraft_eval.errors import SpecdecError
-from specdraft_eval.integration.serving import speculative_config, stats_from_vllm, stats_of_requests
+from specdraft_eval.integration.serving import canonical_name, speculative_config, stats_from_vllm, stats_of_requests
 from specdraft_eval.integration.vllm_server import Completion, ServeSettings, VllmServer, counter_difference
 from specdraft_eval.measure.record import Runtime
 from specdraft_eval.measure.stats import Divergence, GenerationStats
@@ -67,11 +67,14 @@ class VllmSession:
                                "leave server out (specdec starts a speculative and a plain server) or baseline out")
         self.run, self.target = run, target  # target: the loaded model, for a divergence's logit margin
         self.config = speculative_config(run.draft, run.num_draft_tokens)  # one-line refusals before any start
+        self.name = canonical_name(run.draft)
         self.servers: list[VllmServer] = []
         try:
             self.speculative = (VllmServer.attach(run.server) if run.server
-                                else self._start(run.settings(speculative=True)))
-            self.plain = self._start(run.settings(speculative=False)) if run.baseline else None
+                                else self._launch(run.settings(speculative=True)))
+            self.plain = self._launch(run.settings(speculative=False)) if run.baseline else None
+            for server in self.servers:  # (started together: they load in parallel)
+                server.ready()
         except BaseException:
             self.close()
             raise
@@ -88,11 +91,11 @@ class VllmSession:
             raise SpecdecError("a server you run cannot be restarted with an empty draft state: leave server out")
         self.servers.remove(self.speculative)
         self.speculative.close()
-        self.speculative = self._start(self.run.settings(speculative=True))
+        self.speculative = self._launch(self.run.settings(speculative=True)).ready()
         self._before = self.speculative.counters()
 
-    def _start(self, settings: ServeSettings) -> VllmServer:
-        server = VllmServer.start(settings)
+    def _launch(self, settings: ServeSettings) -> VllmServer:
+        server = VllmServer.launch(settings)
         self.servers.append(server)
         return server
 

@@ -140,6 +140,11 @@ class VllmServer:
     @classmethod
     def start(cls, settings: ServeSettings, timeout: float = START_SECONDS) -> VllmServer:
         """Start a server and wait until it answers; a one-line error (the server stopped) when it cannot start."""
+        return cls.launch(settings).ready(timeout)
+
+    @classmethod
+    def launch(cls, settings: ServeSettings) -> VllmServer:
+        """Start a server's process without waiting for it (servers started together start in parallel)."""
         python = vllm_python()
         version = vllm_version(python)
         port = settings.port or free_port()
@@ -150,12 +155,16 @@ class VllmServer:
                                    env=settings.environment(), start_new_session=True, preexec_fn=_die_with_parent)
         server = cls(f"http://127.0.0.1:{port}", process, Path(log.name), version)
         atexit.register(server.close)
-        try:
-            server._wait(timeout)
-        except BaseException:
-            server.close()
-            raise
         return server
+
+    def ready(self, timeout: float = START_SECONDS) -> VllmServer:
+        """This server once it answers; stopped, and a one-line error, when it exits or does not answer in time."""
+        try:
+            self._wait(timeout)
+        except BaseException:
+            self.close()
+            raise
+        return self
 
     @classmethod
     def attach(cls, url: str) -> VllmServer:
