@@ -47,6 +47,25 @@ def test_measurements_from_this_hardware_come_first(results):
     assert recommend(TARGET, "specdec_humaneval", [results], "NVIDIA H100 80GB HBM3").draft == "prompt-lookup:3"
 
 
+def test_a_configuration_measured_in_vllm_is_never_our_engines_choice_and_is_vllms(tmp_path):
+    """vLLM's speed says nothing of ours: engine=vllm's records (the engine in their runtime) are candidates only
+    for engine=vllm, even where nothing of ours was measured with the runtime asked for."""
+    ours, vllm = Runtime("float32", "onednn", False, False, "sdpa"), Runtime("float32", "vllm", attention="vllm",
+                                                                             engine="vllm 0.32.0")
+    write_result(tmp_path / "ours", "layers:0,1,2,3,4", 2.0, runtime=ours)
+    write_result(tmp_path / "vllm", "prompt-lookup:3", 4.0, runtime=vllm)  # faster, in vLLM
+    here = hardware("cpu")
+    for runtime in (ours, Runtime("bfloat16", "plain", False, False, "sdpa")):
+        assert recommend(TARGET, results=[tmp_path], hardware=here, runtime=runtime).draft == "layers:0,1,2,3,4"
+    theirs = recommend(TARGET, results=[tmp_path], hardware=here, engine="vllm")
+    assert (theirs.draft, theirs.runtime) == ("prompt-lookup:3", vllm)
+    assert [c.key.runtime.engine for c in theirs.candidates] == ["vllm 0.32.0"]
+    (tmp_path / "vllm").rename(tmp_path.parent / "elsewhere")
+    nothing = recommend(TARGET, results=[tmp_path], hardware=here, engine="vllm")
+    assert nothing.draft == "prompt-lookup" and not nothing.dynamic_gamma  # (vLLM has no dynamic γ)
+    assert "no configuration measured in vllm" in nothing.reason
+
+
 def test_auto_picks_the_run_of_the_runtime_it_runs_else_says_which_it_used(tmp_path):
     """A compiled run measured faster than an eager one: eager ``auto`` takes the eager run; a runtime nobody
     measured takes the fastest and names the runtime it was measured with."""

@@ -264,16 +264,21 @@ def recommend(
     results: ResultsOpt = None,
     batch_size: Annotated[int, typer.Option("--batch-size", help="The run's batch size (lm_eval "
                                             "--batch_size).")] = 1,
+    engine: Annotated[str, typer.Option(help="The engine that decodes: specdec (ours) or vllm (engine=vllm).")]
+    = "specdec",
     as_json: JsonOpt = False,
 ) -> None:
     """Say what draft=auto resolves to for a target, and why (this machine's results store first, then the
-    published results; measured speedups)."""
+    published results; measured speedups; only configurations measured in the engine given)."""
     from dataclasses import asdict
 
     from specdraft_eval.integration.recommend import recommend as choose
     from specdraft_eval.measure.environment import default_device, hardware
 
-    choice = choose(target, task, existing(results), hardware(default_device()), batch_size=batch_size)
+    if engine not in ("specdec", "vllm"):
+        raise SpecdecError(f"--engine {engine!r}: use specdec or vllm")
+    choice = choose(target, task, existing(results), hardware(default_device()), batch_size=batch_size,
+                    engine=engine)
     if as_json:
         return emit(asdict(choice), True)
     typer.echo(f"draft=auto for {target}: draft={choice.draft}, num_draft_tokens={choice.num_draft_tokens}, "

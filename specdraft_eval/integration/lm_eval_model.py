@@ -28,10 +28,11 @@ from specdraft_eval.engine.session import Session
 from specdraft_eval.errors import SpecdecError, one_line, raise_terminated
 from specdraft_eval.integration.auto import AutoRun
 from specdraft_eval.integration.model_args import SpecdecArgs, hf_arguments
+from specdraft_eval.integration.recommend import recommend
 from specdraft_eval.integration.task_groups import groups_of
 from specdraft_eval.integration.vllm_engine import VllmRun, VllmSession, vllm_model_dir
 from specdraft_eval.measure import store
-from specdraft_eval.measure.environment import ModelFacts
+from specdraft_eval.measure.environment import ModelFacts, hardware
 from specdraft_eval.measure.profiles import default_profile_path, read_profile
 from specdraft_eval.measure.record import SpecdecRecord
 from specdraft_eval.measure.report import table
@@ -102,12 +103,16 @@ class SpecDecLM(HFLM):
         self._auto: AutoRun | None = None
         self._session: Session | VllmSession | None = None
         if args.engine == "vllm":
-            if spec.kind == AUTO:
-                raise SpecdecError("draft=auto with engine=vllm: name the draft vLLM serves (prompt-lookup, suffix, "
-                                   "an EAGLE head, a draft model); `zoo recommend` lists the measured ones")
-            self._session = VllmSession(VllmRun(vllm_model_dir(self.target_name), args.draft,
-                                                args.run().gamma.num_draft_tokens, args.baseline, args.server,
-                                                max(self._requests_per_batch, 1), self.max_length), self.model)
+            draft, gamma = args.draft, args.run().gamma.num_draft_tokens
+            if spec.kind == AUTO:  # the configuration measured fastest in vLLM here, across tasks (no tuning)
+                choice = recommend(self.target_name, hardware=hardware(self.device),
+                                   batch_size=max(self._requests_per_batch, 1), engine="vllm")
+                draft, gamma = choice.draft, args.run(choice.num_draft_tokens).gamma.num_draft_tokens
+                log.warning("draft=auto with engine=vllm: draft=%s, num_draft_tokens=%d (%s)", draft, gamma,
+                            choice.reason)
+            self._session = VllmSession(VllmRun(vllm_model_dir(self.target_name), draft, gamma, args.baseline,
+                                                args.server, max(self._requests_per_batch, 1), self.max_length),
+                                        self.model)
         elif spec.kind == AUTO:
             if args.score == "draft":
                 raise SpecdecError("score=draft scores with one draft's own model, and draft=auto chooses per task: "
@@ -281,7 +286,7 @@ class SpecDecLM(HFLM):
         args = self.args
         if isinstance(self._session, VllmSession):
             session = self._session
-            return [SpecdecRecord.new(self.target_name, session.name, args.run().gamma.num_draft_tokens, False,
+            return [SpecdecRecord.new(self.target_name, session.name, session.run.num_draft_tokens, False,
                                       self.device, dict(session.stats), None, None, session.divergences,
                                       runtime=session.runtime, batch_size=max(self._largest_batch, 1),
                                       kind_versions=kind_versions(session.name),

@@ -141,16 +141,23 @@ def _score(candidate: ScoredConfiguration, task: str | None) -> float | None:
     return math.exp(sum(math.log(s) for s in speedups.values()) / len(speedups))
 
 
+def engine_of(runtime: Runtime) -> str:
+    """The engine a runtime decoded with: ``specdec`` (ours) or ``vllm``."""
+    return runtime.engine.split(" ")[0] or "specdec"
+
+
 def recommend(target: str, task: str | None = None, results: list[Path] | None = None,
               hardware: str | None = None, runtime: Runtime | None = None, batch_size: int = 1,
-              own: list[Path] | None = None) -> Recommendation:
+              own: list[Path] | None = None, engine: str = "specdec") -> Recommendation:
     """The fastest measured configuration for ``target`` that loads here, in the order the module docstring gives:
     ``own`` results (default: this machine's store, :func:`specdraft_eval.measure.store.paths`) measured on
     ``hardware`` (this machine's name, :func:`specdraft_eval.measure.environment.hardware`), today's code, then
     ``hardware``, ``runtime`` and ``batch_size``. ``results`` default: the published results
-    (:mod:`specdraft_eval.published`)."""
+    (:mod:`specdraft_eval.published`). Only configurations measured in ``engine`` count (``vllm``: ``engine=vllm``'s):
+    one engine's speed says nothing of another's."""
     own = store.paths(target) if own is None else own
-    scored = candidates(target, results if results is not None else [published.results()], own)
+    scored = [c for c in candidates(target, results if results is not None else [published.results()], own)
+              if engine_of(c.key.runtime) == engine]
     today = _version(versions().get("specdraft-eval"))
     on_task = task is not None and any(task in c.speedup for c in scored if c.loadable)
     for candidate in scored:
@@ -165,9 +172,11 @@ def recommend(target: str, task: str | None = None, results: list[Path] | None =
     where = (f"on {task}" if on_task else "geometric mean over the tasks measured"
              + (f" ({task}: measured by none)" if task else ""))
     if best is None:
-        reason = (f"no measured configuration for {target} that loads here beats plain decoding ({where}); "
-                  "prompt lookup needs no weights and dynamic γ backs off where it does not pay")
-        return Recommendation(target, task, FALLBACK_DRAFT, FALLBACK_GAMMA, True, reason, None, scored, tune)
+        reason = (f"no configuration measured in {engine} for {target} that loads here beats plain decoding "
+                  f"({where}); prompt lookup needs no weights"
+                  + (" and dynamic γ backs off where it does not pay" if engine == "specdec" else ""))
+        return Recommendation(target, task, FALLBACK_DRAFT, FALLBACK_GAMMA, engine == "specdec", reason, None, scored,
+                              tune)
     key = best.key
     elsewhere = hardware is not None and key.hardware != hardware
     otherwise = runtime is not None and key.runtime != runtime

@@ -14,9 +14,11 @@ from zoo.plotting import png_bytes
 
 
 def _configuration(row: LeaderboardRow) -> str:
-    """A plot key: the draft (folders dropped from paths) with its γ, e.g. ``prompt-lookup:3 γ4 dynamic``."""
+    """A plot key: the draft (folders dropped from paths) with its γ and engine, e.g. ``prompt-lookup:3 γ4 dynamic``,
+    ``prompt-lookup:3 γ4 (vllm)``."""
     draft = re.sub(r"[^|:]*/", "", short_draft(row.draft))
-    return f"{draft} γ{row.gamma}" + (" dynamic" if row.dynamic_gamma else "")
+    return (f"{draft} γ{row.gamma}" + (" dynamic" if row.dynamic_gamma else "")
+            + (f" ({row.engine})" if row.engine != "specdec" else ""))
 
 
 def main_group(rows: list[LeaderboardRow]) -> tuple[str, list[LeaderboardRow]]:

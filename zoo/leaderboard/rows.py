@@ -19,7 +19,8 @@ from specdraft_eval.measure.record import (
 from specdraft_eval.measure.report import positions
 
 COLUMNS = [
-    ("target", "target"), ("hardware", "hardware"), ("draft", "draft"), ("task", "task"), ("gamma", "γ"),
+    ("target", "target"), ("hardware", "hardware"), ("draft", "draft"), ("engine", "engine"), ("task", "task"),
+    ("gamma", "γ"),
     ("dynamic_gamma", "dynamic γ"), ("runtime", "runtime"),
     ("speedup", "speedup"), ("speedup_min", "speedup min"), ("speedup_max", "speedup max"),
     ("end_to_end_speedup", "speedup end to end"), ("runs", "runs"),
@@ -90,6 +91,7 @@ class LeaderboardRow:
     specdraft_eval: str | None
     metric: str | None
     acceptance_rate_per_position: list[float]
+    engine: str = "specdec"  # who decoded: ours, or vLLM (engine=vllm: "vllm", its version in the runtime)
     conditional_acceptance: str | None = None
     mean_acceptance_length: float | None = None
     accept_length: float | None = None
@@ -119,7 +121,8 @@ def rows_from_configuration(config: Configuration) -> list[LeaderboardRow]:
         scores = [score for score in (_accuracy(f.results.get(task, {})) for f in runs) if score[1] is not None]
         spread = config.speedup_spread(task)
         rows.append(LeaderboardRow(
-            target=key.target, hardware=key.hardware or None, draft=key.draft, task=task, gamma=key.num_draft_tokens,
+            target=key.target, hardware=key.hardware or None, engine=key.runtime.engine.split(" ")[0] or "specdec",
+            draft=key.draft, task=task, gamma=key.num_draft_tokens,
             dynamic_gamma=key.dynamic_gamma, runtime=str(key.runtime), speedup=config.speedup(task),
             speedup_min=spread[0] if spread else None, speedup_max=spread[1] if spread else None, runs=len(runs),
             tar=stats.tar, accuracy=statistics.median(v for _, v in scores) if scores else None,
