@@ -75,19 +75,22 @@ def test_exported_eagle_head_and_a_draft_model(eagle_for_vllm, model_dir):
     assert theirs.acceptance_by_position == [1.0] * 4 and theirs.mean_acceptance_length == 5.0
 
 
-def test_per_request_metrics_add_up_to_vllms_own_counters(model_dir, smollm2):
-    """Not circular: our counters are derived from each response's metrics, vLLM's from its scheduler's totals."""
+def test_per_request_metrics_add_up_to_vllms_own_counters_on_a_server_the_user_runs(model_dir, smollm2):
+    """Not circular: our counters are derived from each response's metrics, vLLM's from its scheduler's totals. The
+    server is one the user started (``server=URL``): measured from the counters' difference, and left running."""
     from specdraft_eval.engine.params import DecodeParams
     from specdraft_eval.integration.vllm_engine import VllmRun, VllmSession
 
-    session = VllmSession(VllmRun(model_dir, "prompt-lookup", 4, baseline=False, max_model_len=512))
-    try:
+    run = VllmRun(model_dir, "prompt-lookup", 4, max_model_len=512)
+    with VllmServer.start(run.settings(speculative=True)) as theirs_running:
+        theirs_running.complete(smollm2.tokenizer(PROMPTS[0]).input_ids, 8)  # earlier traffic: not this run's
+        session = VllmSession(VllmRun(model_dir, "prompt-lookup", 4, server=theirs_running.url))
         ids = [smollm2.tokenizer(p).input_ids for p in PROMPTS]
         session.generate(ids, DecodeParams(40))
         ours = session.stats["default"].vllm_counters
         theirs = session.engine_counters()
-    finally:
         session.close()
+        assert theirs_running.counters()  # still answering: a server the user runs is never stopped here
     assert theirs["spec_decode_num_drafts"] == ours["num_drafts"] > 0
     assert theirs["spec_decode_num_draft_tokens"] == ours["num_draft_tokens"]
     assert theirs["spec_decode_num_accepted_tokens"] == ours["num_accepted_tokens"]
