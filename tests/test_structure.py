@@ -16,6 +16,7 @@ from specdraft_eval.drafts.spec import COMPOSITE, MODEL, DraftSpec, draft_kinds
 from specdraft_eval.engine import loop as engine
 from specdraft_eval.engine.params import DecodeParams
 from specdraft_eval.errors import SpecdecError
+from specdraft_eval.integration.recommend import engine_of
 from specdraft_eval.measure.record import scan_results
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -180,9 +181,11 @@ def test_builtin_kinds_come_from_the_entry_points():
 
 
 def test_zoo_rank_ranks_every_published_record(tmp_path):
-    """Every committed results file's draft, composites and auto runs included, ranks for a named GPU, from a
-    directory that is not the checkout (the published results resolve from the package)."""
-    files = scan_results([published.results()])
+    """Every committed results file's draft measured in our engine, composites and auto runs included, ranks for a
+    named GPU, from a directory that is not the checkout (the published results resolve from the package); vLLM's
+    rows (drafts such as ``zoo export``'s folders, which reproduce.sh rebuilds) are not ours to predict."""
+    files = [f for f in scan_results([published.results()]) if engine_of(f.record.runtime) == "specdec"]
+    assert len(files) < len(scan_results([published.results()]))  # the board has vLLM rows: they are left out
     drafts = {f.record.draft for f in files}
     fixed = {f.record.draft for f in files if not f.record.dynamic_gamma}  # dynamic-γ runs give no TAR per γ
     assert any("|" in d for d in fixed), fixed
