@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
-from conftest import save_tiny
 from lm_eval.api.instance import Instance
+from support import ROOT, save_tiny
 
 from specdraft_eval.drafts.kind import Candidate
 from specdraft_eval.integration.autotune import Contender, Halving, halving_cost, most_contenders
@@ -41,11 +43,6 @@ def _requests(contexts=CONTEXTS) -> list[Instance]:
     for request in requests:
         request.task_name = "t"
     return requests
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return save_tiny(tmp_path_factory.mktemp("tiny") / "tiny-target")
 
 
 def test_auto_tunes_inside_the_run_then_reads_its_own_result(tiny):
@@ -120,7 +117,7 @@ def test_zoo_tune_measures_halves_stores_and_auto_reads_it(tiny, tmp_path):
     the exhaustive evaluation beside; ``zoo results`` lists them; then ``draft=auto`` reads them instead of tuning."""
     import json
 
-    from conftest import run_cli
+    from support import run_cli
 
     from specdraft_eval.integration.recommend import recommend
     from specdraft_eval.measure.environment import hardware
@@ -145,7 +142,7 @@ def test_zoo_tune_measures_halves_stores_and_auto_reads_it(tiny, tmp_path):
 
 
 def test_zoo_tune_and_results_refuse_bad_input_in_one_line(tiny):
-    from conftest import run_cli
+    from support import run_cli
 
     for args in (["tune", "--target", str(tiny), "--task", "nope"], ["tune", "--target", str(tiny), "--budget", "0"],
                  ["results", "--all"], ["results", "--prune"]):
@@ -157,7 +154,7 @@ def test_zoo_tune_and_results_refuse_bad_input_in_one_line(tiny):
 def test_task_stops_are_the_task_yamls_until():
     """zoo tune stops where lm_eval does: the bundled tasks' own ``until`` lists."""
     import yaml
-    from conftest import ROOT
+    from support import ROOT
 
     from specdraft_eval.integration.offline_data import TASK_STOPS
 
@@ -190,11 +187,21 @@ def test_zoo_tune_finds_catalog_drafts_in_the_hf_cache(tmp_path, monkeypatch):
     assert cached_catalog_drafts("smollm2-135m-instruct") == []
 
 
-def test_every_draft_found_is_tried_before_any_drafts_variants():
+def shipped_only(base: Path) -> Path:
+    """A package base whose drafts' folder holds the shipped drafts only (not those leaderboard/reproduce.sh built)."""
+    for name in ("smollm2-eagle", "smollm2-eagle3", "smollm2-ngram", "data"):
+        (base / "leaderboard" / "drafts").mkdir(parents=True, exist_ok=True)
+        (base / "leaderboard" / "drafts" / name).symlink_to(ROOT / "leaderboard" / "drafts" / name)
+    return base
+
+
+def test_every_draft_found_is_tried_before_any_drafts_variants(tmp_path, monkeypatch):
     """The shipped drafts are two heads and an n-gram table: the first three contenders pair each with prompt lookup
     (the heads as trees), and the heads' chains come after (a run that can try four tries all three drafts)."""
+    from specdraft_eval import published
     from specdraft_eval.integration.autotune import MODEL_FREE_PARTNER, candidate_set
 
+    monkeypatch.setattr(published, "base", lambda: shipped_only(tmp_path))
     drafts = [c.draft for c in candidate_set(30)]
     first = [d.removeprefix(MODEL_FREE_PARTNER + "|") for d in drafts[:3]]
     assert all(d.startswith(MODEL_FREE_PARTNER + "|") for d in drafts[:5])
@@ -202,9 +209,26 @@ def test_every_draft_found_is_tried_before_any_drafts_variants():
     assert drafts[-4:] == ["layers:0-4", "prompt-lookup", "suffix", "suffix:tree"]
 
 
+def test_a_whole_model_in_the_drafts_folder_is_found_as_a_draft_model_and_a_bare_head_as_eagle(tmp_path, monkeypatch):
+    """What leaderboard/reproduce.sh builds there: a pruned model (tokenizer included) is a draft model, a folder of
+    a config and weights only (an EAGLE head, e.g. ``zoo export``'s) a head."""
+    from specdraft_eval import published
+    from specdraft_eval.integration.autotune import found_drafts
+
+    base = shipped_only(tmp_path)
+    pruned = save_tiny(base / "leaderboard" / "drafts" / "pruned")
+    head = base / "leaderboard" / "drafts" / "smollm2-eagle-exported"
+    head.mkdir()
+    (head / "config.json").write_text("{}")
+    monkeypatch.setattr(published, "base", lambda: base)
+    found = found_drafts()
+    assert str(pruned) in found and f"eagle:{pruned}" not in found
+    assert f"eagle:{head}" in found
+
+
 def test_zoo_tune_alternates_which_side_decodes_a_batch_first(tiny, monkeypatch):
     """zoo tune's rounds: plain decoding before the survivors in one batch, after them in the next, across rounds."""
-    from conftest import word_tokenizer
+    from support import word_tokenizer
     from transformers import AutoModelForCausalLM
 
     from specdraft_eval.engine import session as session_module

@@ -13,18 +13,13 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import run_cli, save_tiny
+from support import run_cli, save_tiny
 from typer.testing import CliRunner
 
 from specdraft_eval import SpecdecError, load_target, speculative_generate
 from specdraft_eval.drafts import load_draft
 from specdraft_eval.drafts.prompt_lookup import PromptLookupDrafter
 from zoo.cli import app
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    return save_tiny(tmp_path_factory.mktemp("bad") / "tiny")
 
 
 @pytest.fixture(scope="module")
@@ -187,7 +182,7 @@ ZOO_ERRORS = {
 
 @pytest.fixture()
 def results(tmp_path) -> Path:
-    from test_leaderboard import write_result
+    from support import write_result
 
     write_result(tmp_path / "results", "prompt-lookup:3", 1.0)
     return tmp_path / "results"

@@ -7,9 +7,7 @@ from collections import Counter
 
 import pytest
 import torch
-from conftest import tiny_llama
-from test_engine import drafts, hf_greedy, stop_when
-from test_sampling import PROMPT, SAMPLES, VOCAB, exact_joint, fit
+from support import PROMPT, SAMPLES, VOCAB, drafts, exact_joint, fit, hf_greedy, stop_when, tiny_llama
 
 from specdraft_eval.engine.kv_cache import BatchCache
 from specdraft_eval.engine.loop import (
@@ -21,11 +19,6 @@ from specdraft_eval.engine.loop import (
 from specdraft_eval.engine.sampling import Sampler
 
 KINDS = ["prompt-lookup", "layers", "other-model", "self", "reduced-head", "composite", "ngram"]
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_llama(seed=0)
 
 
 @pytest.fixture(scope="module")

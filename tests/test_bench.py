@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import run_cli, save_tiny
+from support import run_cli
 
 from specdraft_eval import load_draft, load_target
 from specdraft_eval.errors import SpecdecError
@@ -17,11 +17,6 @@ from zoo.bench import run as bench_run
 from zoo.prompts import load_prompts
 
 WORDS = ["<unk>", "</s>", *[f"w{i}" for i in range(62)]]
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    return save_tiny(tmp_path_factory.mktemp("bench") / "target", layers=4)
 
 
 @pytest.fixture(scope="module")

@@ -9,17 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, run_cli, save_tiny
-from test_zoo_cli import assert_one_line_error, zoo_json
+from support import ROOT, assert_one_line_error, run_cli, zoo_json
 
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.models.targets import LoadSettings, load_target
 from zoo.bench.result import NEAR_TIE_LOGIT_MARGIN
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    return save_tiny(tmp_path_factory.mktemp("device") / "tiny")
 
 
 def commands(tiny: Path, tmp: Path) -> dict[str, list[str]]:
@@ -60,7 +54,7 @@ def test_device_and_dtype_reach_the_measurement(tiny, tmp_path):
     assert data["hardware"].startswith("CPU") and json.loads(path.read_text())["t_target_ms"] > 0
     bench = zoo_json("bench", "--target", str(tiny), "--limit", "1", "--repeats", "1", "--max-new-tokens", "4",
                      "--device", "cpu", "--dtype", "bfloat16", "--kernels", "plain", "--prompts",
-                     str(_prompts(tmp_path)))
+                     str(prompts_file(tmp_path)))
     assert bench["dtype"] == "bfloat16"
     for row in bench["configs"]:  # it ran, so every divergence was a near-tie: counted as numerics, margins given
         assert row["numerics"] == len(row["mismatched_prompts"]) == len(row["mismatch_logit_margins"])
@@ -71,7 +65,7 @@ def test_device_and_dtype_reach_the_measurement(tiny, tmp_path):
                                  else "every output identical to the target's greedy generate")
 
 
-def _prompts(tmp_path: Path) -> Path:
+def prompts_file(tmp_path: Path) -> Path:
     path = tmp_path / "prompts.json"
     path.write_text(json.dumps(["w3 w4 w5 w3 w4 w5 w3 w4"]))
     return path

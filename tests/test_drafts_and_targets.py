@@ -9,18 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import save_tiny, tiny_llama
+from support import save_tiny, tiny_llama
 
 from specdraft_eval import SpecdecError, load_draft, load_target, speculative_generate
 from specdraft_eval.drafts.layers import layer_view, parse_layers
 from specdraft_eval.models.targets import resolve
 
 WORDS = ["<unk>", "</s>", *[f"w{i}" for i in range(62)]]
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory) -> Path:
-    return save_tiny(tmp_path_factory.mktemp("tiny") / "target")
 
 
 def test_parse_layers():
@@ -75,8 +70,8 @@ def test_prompt_lookup_proposes_what_transformers_proposes():
         assert ours.propose(tokens, 4, Sampler()).tokens == candidates[0, len(tokens):].tolist(), tokens
 
 
-def test_load_draft_kinds(tiny_dir):
-    loaded = load_target(str(tiny_dir))
+def test_load_draft_kinds(tiny):
+    loaded = load_target(str(tiny))
     model = loaded.model
     assert load_draft("prompt-lookup:2", loaded).name == "prompt-lookup:2"
     lookup = load_draft("prompt-lookup:2-3", loaded)
@@ -84,9 +79,9 @@ def test_load_draft_kinds(tiny_dir):
     assert lookup.propose([5, 6, 7, 9, 7], 2, None).tokens == []  # only a 1-gram (7) matches
     assert lookup.propose([5, 6, 7, 9, 6, 7], 2, None).tokens == [9, 6]
     assert load_draft("layers:0,2", loaded).name == "layers:0,2"
-    composite = load_draft(f"prompt-lookup | {tiny_dir}", loaded)
-    assert composite.name == f"prompt-lookup:3|{tiny_dir}" and composite.model is composite.parts[1].model
-    separate = load_draft(str(tiny_dir), loaded)
+    composite = load_draft(f"prompt-lookup | {tiny}", loaded)
+    assert composite.name == f"prompt-lookup:3|{tiny}" and composite.model is composite.parts[1].model
+    separate = load_draft(str(tiny), loaded)
     out, stats = speculative_generate(model, separate, torch.arange(2, 9)[None], 10)
     assert stats.accepted_tokens == stats.draft_tokens  # same weights as the target: all accepted
 
@@ -107,15 +102,15 @@ def test_load_draft_kinds(tiny_dir):
         ("prompt-lookup|layers:0,9", "out of range"),
     ],
 )
-def test_bad_drafts(tiny_dir, spec, message):
-    loaded = load_target(str(tiny_dir))
+def test_bad_drafts(tiny, spec, message):
+    loaded = load_target(str(tiny))
     with pytest.raises(SpecdecError, match=message):
         load_draft(spec, loaded)
 
 
-def test_tokenizer_mismatch_is_caught(tiny_dir, tmp_path):
+def test_tokenizer_mismatch_is_caught(tiny, tmp_path):
     other = save_tiny(tmp_path / "other", words=["<unk>", "</s>", *[f"v{i}" for i in range(62)]])
-    loaded = load_target(str(tiny_dir))
+    loaded = load_target(str(tiny))
     with pytest.raises(SpecdecError, match="tokenizer mismatch"):
         load_draft(str(other), loaded)
 

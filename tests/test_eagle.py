@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import observed, run_cli, save_tiny, tiny_llama
+from support import SMALL, eagle3_dir, eagle_dir, observed, prompts_file, run_cli, save_tiny, tiny_llama
 
 from specdraft_eval import (
     autoregressive_generate,
@@ -17,7 +17,7 @@ from specdraft_eval import (
     speculative_generate_batch,
 )
 from specdraft_eval.drafts import load_draft
-from specdraft_eval.drafts.eagle import EAGLE3, KIND, EagleHead, HeadLayout, head_config, new_head
+from specdraft_eval.drafts.eagle import KIND, head_config, new_head
 from specdraft_eval.engine import kv_cache
 from specdraft_eval.engine.drafter import FINAL
 from specdraft_eval.errors import SpecdecError
@@ -25,20 +25,9 @@ from specdraft_eval.integration.serving import speculative_config
 from specdraft_eval.models.targets import LoadSettings, Target
 from zoo.train_head import HeadTraining, save_head, train_head
 
+TARGET_LAYERS = 6  # the `target` and `tiny` fixtures' depth
+
 PROMPTS = [[1], [3, 4, 5, 6], list(range(2, 40)), [7, 7, 7, 9, 7, 7]]
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_llama(seed=0, layers=6)
-
-
-def eagle_dir(tmp: Path, target, token_ids=None) -> Path:
-    """Our own layout, as `zoo train-head` writes it (an untrained head)."""
-    path = tmp / ("head-reduced" if token_ids else "head")
-    path.mkdir()
-    save_head(path, new_head(target, token_ids, seed=3), {"target": "tiny", "token_ids": token_ids})
-    return path
 
 
 def eagle_repo_dir(tmp: Path, target) -> Path:
@@ -54,35 +43,6 @@ def eagle_repo_dir(tmp: Path, target) -> Path:
     config = head_config(target).to_dict()
     (path / "config.json").write_text(json.dumps({**config, "architectures": ["LlamaForCausalLM"], "bias": True},
                                                  default=str))
-    return path
-
-
-def eagle3_dir(tmp: Path, target, midlayer: bool = False) -> Path:
-    """vLLM speculators' EAGLE-3 layout (or, with ``midlayer``, the EAGLE repository's): fc over three layers'
-    states, a 2H-input decoder layer, norm, a draft-vocabulary lm_head and d2t/t2d."""
-    path = tmp / ("eagle3-midlayer" if midlayer else "eagle3")
-    path.mkdir()
-    torch.manual_seed(5)
-    draft_ids = [0, 1, 2, 5, 8, 13, 21, 34, 40, 50, 63]
-    layout = HeadLayout(EAGLE3, (1, 3, 4), head_config(target), draft_ids)
-    head = EagleHead(layout, target.config.hidden_size, fc_bias=False)
-    state = {k: v for k, v in head.state_dict().items() if not k.startswith("rotary_emb.")}
-    if midlayer:
-        state = {k.replace("layers.0.", "midlayer."): v for k, v in state.items()}
-    d2t = torch.tensor(draft_ids) - torch.arange(len(draft_ids))
-    t2d = torch.zeros(target.config.vocab_size, dtype=torch.bool)
-    t2d[draft_ids] = True
-    from safetensors.torch import save_file
-
-    save_file({**state, "d2t": d2t, "t2d": t2d}, str(path / "model.safetensors"))
-    layer = {**head_config(target).to_dict(), "model_type": "llama"}
-    config = ({**layer, "draft_vocab_size": len(draft_ids), "eagle_aux_hidden_state_layer_ids": [1, 3, 4]} if midlayer
-              else {"speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"],
-                    "transformer_layer_config": layer, "draft_vocab_size": len(draft_ids),
-                    "norm_before_residual": True, "eagle_aux_hidden_state_layer_ids": [1, 3, 4],
-                    "speculators_config": {"algorithm": "eagle3", "verifier": {"name_or_path": "tiny"},
-                                           "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}]}})
-    (path / "config.json").write_text(json.dumps(config, default=str))
     return path
 
 
@@ -197,7 +157,7 @@ def test_heads_for_another_target_or_tokenizer_are_refused(tmp_path, target):
     head = eagle_dir(tmp_path, target)
     meta = json.loads((head / "eagle.json").read_text())
     (head / "eagle.json").write_text(json.dumps({**meta, "vocab": "0000000000000000"}))
-    from conftest import word_tokenizer
+    from support import word_tokenizer
 
     with pytest.raises(SpecdecError, match="trained for another tokenizer"):
         KIND.load(str(head), Target(target, word_tokenizer(["<unk>", "</s>", *[f"w{i}" for i in range(62)]])))
@@ -216,28 +176,10 @@ def test_hub_head_offline_and_uncached_says_how(monkeypatch, tmp_path, target):
         KIND.load("nobody/EAGLE-nothing", Target(target, None))
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return save_tiny(tmp_path_factory.mktemp("tiny") / "model", layers=6)
-
-
-def _prompts(tmp: Path) -> Path:
-    import random
-
-    rng = random.Random(0)
-    path = tmp / "prompts.txt"
-    path.write_text("\n\n".join(" ".join(f"w{rng.randrange(62)}" for _ in range(rng.randrange(8, 30)))
-                                for _ in range(40)))
-    return path
-
-
-SMALL = dict(new_tokens=40, context=64, vocab_top=0, batch_size=8, window=32, lr=3e-3)
-
-
-def test_train_head_learns_and_resumes(tmp_path, tiny_dir):
+def test_train_head_learns_and_resumes(tmp_path, tiny):
     """Training raises the head's agreement with the target well above an untrained head's; an interrupted run
     keeps a checkpoint and the same call resumes from it; the result loads and stays lossless."""
-    settings = HeadTraining(str(_prompts(tmp_path)), steps=300, **SMALL)
+    settings = HeadTraining(str(prompts_file(tmp_path)), steps=300, **SMALL)
     out = tmp_path / "head"
     calls = {"n": 0}
 
@@ -247,17 +189,17 @@ def test_train_head_learns_and_resumes(tmp_path, tiny_dir):
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        train_head(str(tiny_dir), out, settings, tick=interrupt_at_step_50)
+        train_head(str(tiny), out, settings, tick=interrupt_at_step_50)
     work = tmp_path / ".head.train"
     assert torch.load(work / "checkpoint.pt", weights_only=False)["step"] == 50 and not out.exists()
     lines: list[str] = []
-    result = train_head(str(tiny_dir), out, settings, log=lines.append)
+    result = train_head(str(tiny), out, settings, log=lines.append)
     assert "resuming at step 50" in lines and not work.exists()
-    untrained = HeadTraining(str(_prompts(tmp_path)), steps=1, **{**SMALL, "lr": 0.0})
-    baseline = train_head(str(tiny_dir), tmp_path / "untrained", untrained).record["top1_agreement_by_step"]
+    untrained = HeadTraining(str(prompts_file(tmp_path)), steps=1, **{**SMALL, "lr": 0.0})
+    baseline = train_head(str(tiny), tmp_path / "untrained", untrained).record["top1_agreement_by_step"]
     trained = result.record["top1_agreement_by_step"]
     assert trained[0] > baseline[0] + 0.2 and trained[1] > baseline[1] + 0.1, (trained, baseline)
-    loaded = LoadSettings().load(str(tiny_dir))
+    loaded = LoadSettings().load(str(tiny))
     target = loaded.model
     draft = load_draft(f"eagle:{out}", loaded)
     for prompt in PROMPTS[1:]:
@@ -265,14 +207,14 @@ def test_train_head_learns_and_resumes(tmp_path, tiny_dir):
         assert spec == autoregressive_generate(target, prompt, 30)[0]
 
 
-def test_train_head_cli(tmp_path, tiny_dir):
+def test_train_head_cli(tmp_path, tiny):
     out = tmp_path / "cli-head"
-    done = run_cli("zoo", "train-head", str(tiny_dir), "--out", str(out), "--prompts", str(_prompts(tmp_path)),
+    done = run_cli("zoo", "train-head", str(tiny), "--out", str(out), "--prompts", str(prompts_file(tmp_path)),
                    "--steps", "5", "--new-tokens", "16", "--vocab-top", "32", "--json")
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout)["draft"] == f"eagle:{out}"
     assert len(json.loads((out / "eagle.json").read_text())["token_ids"]) == 32
-    again = run_cli("zoo", "train-head", str(tiny_dir), "--out", str(out))
+    again = run_cli("zoo", "train-head", str(tiny), "--out", str(out))
     assert again.returncode != 0 and again.stderr.strip().splitlines()[-1].startswith("zoo: error: output directory")
 
 
@@ -287,12 +229,12 @@ def test_rank_shapes_a_head_as_one_layer_with_its_vocabulary(tmp_path, target):
     assert full.shape.vocab_size == 11 and full.shape.parameters > reduced.shape.parameters - 48 * 32
 
 
-def test_training_features_are_the_teacher_forced_ones(tiny_dir):
+def test_training_features_are_the_teacher_forced_ones(tiny):
     """Features recorded while generating (prefill + each decoding step, left-padded batch) equal one
     teacher-forced pass over the same tokens (up to their float16 storage)."""
     from zoo.train_head import generations
 
-    loaded = LoadSettings().load(str(tiny_dir))
+    loaded = LoadSettings().load(str(tiny))
     target, tokenizer = loaded.model, loaded.tokenizer
     texts = ["w1 w2 w3", "w5 w6 w7 w8 w9 w10 w11", "w3"]
     sequences, features, generated = generations(target, tokenizer, texts, HeadTraining(new_tokens=12),
@@ -304,12 +246,12 @@ def test_training_features_are_the_teacher_forced_ones(tiny_dir):
         torch.testing.assert_close(seen.float(), reference, rtol=0, atol=3e-3)
 
 
-def test_text_is_read_teacher_forced_at_the_heads_taps(tmp_path, tiny_dir):
+def test_text_is_read_teacher_forced_at_the_heads_taps(tmp_path, tiny):
     """--text: files joined by EOS, cut into --context sequences up to --text-tokens, each with the features one
     teacher-forced pass gives at the taps (layer inputs, then the final hidden state); bad settings: one line."""
     from zoo.train_head import teacher_forced
 
-    loaded = LoadSettings().load(str(tiny_dir))
+    loaded = LoadSettings().load(str(tiny))
     target, tokenizer = loaded.model, loaded.tokenizer
     folder = tmp_path / "text"
     folder.mkdir()
@@ -345,10 +287,10 @@ def test_train_head_kind_eagle3_learns_in_speculators_layout(tmp_path):
     the target above an untrained head's at every step; the head is written in speculators' layout, loads under
     the strict loader, drafts losslessly, and maps to vLLM as it is (no export needed)."""
     tiny = save_tiny(tmp_path / "tiny8", layers=8)
-    settings = HeadTraining(str(_prompts(tmp_path)), steps=300, kind="eagle3", **SMALL)
+    settings = HeadTraining(str(prompts_file(tmp_path)), steps=300, kind="eagle3", **SMALL)
     result = train_head(str(tiny), tmp_path / "head3", settings)
     untrained = train_head(str(tiny), tmp_path / "untrained3", HeadTraining(
-        str(_prompts(tmp_path)), steps=1, kind="eagle3", **{**SMALL, "lr": 0.0}))
+        str(prompts_file(tmp_path)), steps=1, kind="eagle3", **{**SMALL, "lr": 0.0}))
     trained, baseline = result.record["top1_agreement_by_step"], untrained.record["top1_agreement_by_step"]
     assert len(trained) == 3 and all(t > b + 0.05 for t, b in zip(trained, baseline)), (trained, baseline)
     config = json.loads((tmp_path / "head3" / "config.json").read_text())

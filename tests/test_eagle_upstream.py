@@ -13,19 +13,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import observed, tiny_llama
+from support import observed
 
 from specdraft_eval.drafts.eagle import KIND
 from specdraft_eval.engine.sampling import Sampler
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.models.targets import Target
 
+TARGET_LAYERS = 6  # the `target` and `tiny` fixtures' depth
+
 VOCAB, HIDDEN, HEADS, KV_HEADS, EPS, THETA = 64, 32, 4, 2, 1e-6, 10000.0
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_llama(seed=0, layers=6)
 
 
 # --- checkpoints in the upstream layouts ---------------------------------------------------------------------------
@@ -402,7 +399,7 @@ def test_an_eagle3_export_carries_what_vllm_validates(tmp_path, target):
 
 
 def test_zoo_export_cli(tmp_path, target):
-    from conftest import run_cli
+    from support import run_cli
 
     original = write_eagle1(tmp_path / "head", target)
     done = run_cli("zoo", "export", str(original), "--to", "vllm", "--out", str(tmp_path / "out"), "--json")
@@ -486,7 +483,7 @@ def test_an_eagle1_export_for_sglang_is_what_its_reader_reads_and_drafts_the_sam
     """SGLang's llama_eagle: fc always with a bias (zero where the head had none), attention biases for q, k, v and
     o from one config flag (attention_bias or bias), layer 0's input norm deleted, the target's embedding and head,
     a reduced vocabulary only through --speculative-token-map: the exported head read that way drafts our tokens."""
-    from test_eagle import eagle_dir
+    from support import eagle_dir
 
     from zoo.export import export_head
 

@@ -4,49 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_llama
+from support import drafts, hf_greedy, stop_when, tiny_llama
 
 from specdraft_eval import SpecdecError, autoregressive_generate, speculative_generate
-from specdraft_eval.drafts.composite import CompositeDrafter
-from specdraft_eval.drafts.layers import layer_view
 from specdraft_eval.drafts.model import ModelDrafter
-from specdraft_eval.drafts.ngram import NGramDrafter
 from specdraft_eval.drafts.prompt_lookup import PromptLookupDrafter
-from specdraft_eval.engine.params import StopCheck, first_stop
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_llama(seed=0)
-
-
-def drafts(target):
-    return {
-        "prompt-lookup": PromptLookupDrafter(),
-        "layers": ModelDrafter(layer_view(target, [0, 3]), "layers:0,3", 64),
-        "other-model": ModelDrafter(tiny_llama(seed=1, layers=2), "other", 64),
-        "self": ModelDrafter(target, "self", 64),
-        "reduced-head": ModelDrafter(tiny_llama(seed=1, layers=2), "reduced", 64, token_ids=list(range(0, 64, 2))),
-        "composite": CompositeDrafter([PromptLookupDrafter(), ModelDrafter(layer_view(target, [0, 3]), "l", 64)]),
-        "ngram": NGramDrafter(on_policy(target)),
-    }
-
-
-def on_policy(target) -> list[list[int]]:
-    """The target's own greedy continuations of prompts other than the tests' (what `zoo ngram` builds from)."""
-    prompts = [torch.randint(0, 64, (1, 6), generator=torch.Generator().manual_seed(100 + i)) for i in range(6)]
-    return [hf_greedy(target, p, 40) for p in prompts]
-
-
-def stop_when(predicate) -> StopCheck:
-    """A stop check from a predicate over the tokens so far: the shortest prefix it holds for."""
-    return lambda new: first_stop(new, 0, lambda end: predicate(new[:end]))
-
-
-def hf_greedy(model, prompt: torch.Tensor, n: int) -> list[int]:
-    mask = torch.ones_like(prompt)
-    out = model.generate(prompt, attention_mask=mask, max_new_tokens=n, do_sample=False, pad_token_id=0)
-    return out[0, prompt.shape[1] :].tolist()
 
 
 @pytest.mark.parametrize("name", ["prompt-lookup", "layers", "other-model", "self", "reduced-head", "composite",

@@ -88,7 +88,7 @@ def test_one_controller_serves_a_whole_run(monkeypatch):
     import itertools
 
     import torch
-    from conftest import tiny_llama
+    from support import tiny_llama
 
     from specdraft_eval import speculative_generate
     from specdraft_eval.drafts.model import ModelDrafter
@@ -127,7 +127,7 @@ class Scripted(GammaController):
 def test_a_draft_catches_up_before_its_first_draft_and_after_gamma_zero_as_its_prefill():
     """catch_up runs before the first draft and before the first draft after steps at γ = 0, never otherwise;
     the positions it read are the stats' draft prefill, apart from the drafted tokens' time; output unchanged."""
-    from conftest import tiny_llama
+    from support import tiny_llama
 
     from specdraft_eval import autoregressive_generate, speculative_generate
     from specdraft_eval.drafts.layers import layer_view
@@ -170,7 +170,7 @@ def test_a_draft_catches_up_before_its_first_draft_and_after_gamma_zero_as_its_p
 def test_catching_up_changes_no_draft():
     """A draft that caught up on a sequence proposes what one that read it in ``propose`` does; a second catch-up
     reads nothing. A layer view and an EAGLE head (fed the target's features, as the engine does)."""
-    from conftest import tiny_llama
+    from support import tiny_llama
 
     from specdraft_eval.drafts.eagle import EagleDrafter, new_head
     from specdraft_eval.drafts.layers import layer_view
@@ -225,7 +225,7 @@ def test_the_controller_drafts_at_batch_one_where_a_batch_of_eight_does_not(monk
     verification pass costs 20 ms + 10 ms per token past the first and 50 ms per token past 8 (a machine whose
     spare compute a batch of 8 uses up), drafting with the target itself (every token accepted): the batch of 8
     decodes mostly plain steps, the batch of 1 drafts."""
-    from conftest import tiny_llama
+    from support import tiny_llama
 
     from specdraft_eval import autoregressive_generate_batch, speculative_generate_batch
     from specdraft_eval.drafts.model import ModelDrafter

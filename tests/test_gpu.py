@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_llama
-from test_engine import hf_greedy
+from support import hf_greedy, tiny_llama
 
 from specdraft_eval.drafts import load_draft
 from specdraft_eval.engine import graphs

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import BIN, ROOT, run_cli, save_tiny
 from fake_hub import FakeHub
+from support import BIN, ROOT, run_cli
 
 
 def _as_in_a_terminal() -> None:
@@ -56,11 +56,6 @@ def check_one_line(done: subprocess.CompletedProcess, prefix: str) -> None:
     ours = [line for line in done.stderr.splitlines() if line.startswith(prefix)]  # beside progress-bar lines
     assert len(ours) == 1 and "interrupted" in ours[0] and "rerun" in ours[0], done.stderr[-2000:]
     assert "Traceback" not in done.stderr
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    return save_tiny(tmp_path_factory.mktemp("tiny") / "model", layers=4)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM], ids=["SIGTERM"])  # SIGINT: the lm_eval case below

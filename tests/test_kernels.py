@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_llama
+from support import tiny_llama
 
 from specdraft_eval import SpecdecError, autoregressive_generate, speculative_generate
 from specdraft_eval.drafts.layers import layer_view
@@ -61,7 +61,7 @@ def test_greedy_with_packed_kernels_equals_plain_generate():
 
 
 def test_a_model_draft_follows_its_targets_kernels(tmp_path):
-    from conftest import save_tiny
+    from support import save_tiny
 
     from specdraft_eval import load_draft, load_target
 

@@ -81,7 +81,7 @@ def test_a_kind_registered_here_is_parsed_listed_ranked_and_served(echo):
 
 
 def test_a_kind_registered_here_drafts_losslessly_in_the_lm_eval_wrapper(echo, tmp_path):
-    from conftest import save_tiny
+    from support import save_tiny
 
     from specdraft_eval.integration.lm_eval_model import SpecDecLM
 

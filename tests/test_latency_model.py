@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import run_cli
-from test_zoo_cli import assert_one_line_error
+from support import assert_one_line_error, run_cli
 
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.measure.profiles import SweepRow

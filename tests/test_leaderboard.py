@@ -10,36 +10,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import RUNTIME, run_cli
+from support import RUNTIME, run_cli, write_result
 
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.measure.record import Runtime, SpecdecRecord, read_results
-from specdraft_eval.measure.stats import GenerationStats
-
-
-def write_result(folder: Path, draft: str, tps_scale: float, task_acc: float = 0.5,
-                 target: str = "smollm2-135m-instruct", baseline: bool = True, accepted: int = 12,
-                 dynamic: bool = False, runtime: Runtime = RUNTIME) -> Path:
-    """A results file of one run; ``accepted``: tokens accepted on HumanEval in its 10 steps (TAR 1 + accepted/10)."""
-    stats = {
-        "specdec_humaneval": GenerationStats(1, 10, 30, accepted, 10 + accepted, 0.1, 0.3 / tps_scale, 0.5,
-                                             1.0 / tps_scale, 10 + accepted, 1.2,
-                                             [10, 10, 10], [6, 4, 2], [4, 2, 2, 2], [0, 0, 0, 10], [2.2]),
-        "specdec_mmlu_cot": GenerationStats(1, 10, 30, 6, 16, 0.1, 0.3, 0.5, 0.9, 16, 1.0,
-                                            [10, 10, 10], [4, 2, 0], [6, 2, 2, 0], [0, 0, 0, 10], [1.6]),
-    }
-    if not baseline:
-        for figures in stats.values():
-            figures.baseline_tokens, figures.baseline_seconds = 0, 0.0
-    block = SpecdecRecord.new(target, draft, 3, dynamic, "cpu", stats, runtime=runtime).to_block()
-    data = {"results": {"specdec_humaneval": {"alias": "x", "pass@1,none": task_acc, "pass@1_stderr,none": 0.1},
-                        "specdec_mmlu_cot": {"exact_match,none": 0.25}},
-            "config": {"specdec": block}, "date": 1764700000.0}
-    folder.mkdir(parents=True, exist_ok=True)
-    stem = re.sub(r"[^A-Za-z0-9]", "_", target + draft + str(runtime))
-    path = folder / f"results_{stem}{'_dynamic' if dynamic else ''}.json"
-    path.write_text(json.dumps(data))
-    return path
 
 
 @pytest.fixture()

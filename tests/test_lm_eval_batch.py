@@ -9,17 +9,12 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import run_cli, save_tiny
+from support import run_cli
 
 pytestmark = pytest.mark.slow
 TASK = "specdec_mmlu_cot"
 COUNTS = ("generations", "steps", "draft_tokens", "accepted_tokens", "generated_tokens", "drafted_per_position",
           "accepted_per_position", "acceptance_length_histogram", "baseline_tokens")
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    return save_tiny(tmp_path_factory.mktemp("tiny") / "model", layers=4)
 
 
 def evaluate(tiny: Path, out: Path, *launcher: str, batch_size: str = "1", model_args: str = "") -> tuple[dict, list]:

@@ -7,7 +7,7 @@ def test_stop_check_decodes_only_the_tail_and_fires_as_a_full_decode_would():
     """lm-eval's stop sequences: the incremental check fires at the same call as decoding everything would."""
     from types import SimpleNamespace
 
-    from conftest import word_tokenizer
+    from support import word_tokenizer
 
     from specdraft_eval.engine.params import text_stop
 
@@ -30,7 +30,7 @@ def test_the_baseline_runs_first_every_other_batch(tmp_path, monkeypatch):
     """Neither side of the speedup always runs on the warmer machine: the order alternates per generation batch,
     and each request's own figures (its baseline's beside them) are kept for --log_samples."""
     import torch
-    from conftest import save_tiny
+    from support import save_tiny
 
     from specdraft_eval.engine import session
     from specdraft_eval.integration.lm_eval_model import SpecDecLM
@@ -55,7 +55,7 @@ def test_a_suffix_draft_reports_its_cache_and_takes_its_settings_as_model_args(t
     """``max_tree_depth=...`` as model_args lands in the draft string the record names, and the record's
     ``draft_state`` gives the suffix cache's tokens at the run's start and end (a run starts empty)."""
     import torch
-    from conftest import save_tiny
+    from support import save_tiny
 
     from specdraft_eval.integration.lm_eval_model import SpecDecLM
     from specdraft_eval.measure.record import SpecdecRecord

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_llama
 
 from specdraft_eval.drafts import load_draft
 from specdraft_eval.engine.drafter import static_tree
@@ -20,11 +19,6 @@ from specdraft_eval.errors import SpecdecError
 from specdraft_eval.models.targets import Target
 
 HIDDEN, VOCAB = 32, 64
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_llama(seed=0, layers=4)
 
 
 def write_medusa(path: Path, target, heads: int = 3, layers: int = 1, choices: list | None = None,
@@ -132,17 +126,16 @@ def test_train_head_kind_medusa_learns_and_its_heads_load_and_stay_lossless(tmp_
     """`zoo train-head --kind medusa`: trained heads agree with the target's next-next tokens well above untrained
     (identity ResBlocks, the target's head: they predict t+1, not t+2+i); written in Medusa's layout, they load under
     the strict loader and draft losslessly."""
-    from conftest import save_tiny
-    from test_eagle import SMALL, _prompts
+    from support import SMALL, prompts_file, save_tiny
 
     from specdraft_eval.models.targets import LoadSettings
     from zoo.train_head import HeadTraining, train_head
 
     tiny = save_tiny(tmp_path / "tiny", layers=4)
-    settings = HeadTraining(str(_prompts(tmp_path)), steps=250, kind="medusa", medusa_heads=2, **SMALL)
+    settings = HeadTraining(str(prompts_file(tmp_path)), steps=250, kind="medusa", medusa_heads=2, **SMALL)
     result = train_head(str(tiny), tmp_path / "heads", settings)
     untrained = train_head(str(tiny), tmp_path / "untrained", HeadTraining(
-        str(_prompts(tmp_path)), steps=1, kind="medusa", medusa_heads=2, **{**SMALL, "lr": 0.0}))
+        str(prompts_file(tmp_path)), steps=1, kind="medusa", medusa_heads=2, **{**SMALL, "lr": 0.0}))
     trained, baseline = result.record["top1_agreement_by_head"], untrained.record["top1_agreement_by_head"]
     assert result.draft == f"medusa:{tmp_path / 'heads'}" and len(trained) == 2
     assert trained[0] > baseline[0] + 0.1, (trained, baseline)
@@ -155,7 +148,7 @@ def test_train_head_kind_medusa_learns_and_its_heads_load_and_stay_lossless(tmp_
             autoregressive_generate(loaded.model, prompt, 30)[0]
     # --vocab-top 16: vLLM's layout, the 16 commonest tokens' rows of the same heads and their token_map
     cut = train_head(str(tiny), tmp_path / "cut", HeadTraining(
-        str(_prompts(tmp_path)), steps=1, kind="medusa", medusa_heads=2, **{**SMALL, "vocab_top": 16}))
+        str(prompts_file(tmp_path)), steps=1, kind="medusa", medusa_heads=2, **{**SMALL, "vocab_top": 16}))
     config = json.loads((tmp_path / "cut" / "config.json").read_text())
     assert (config["model_type"], config["num_heads"], config["vocab_size"], config["truncated_vocab_size"]) == \
         ("medusa", 2, VOCAB, 16)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import run_cli, save_tiny, tiny_llama, word_tokenizer
+from support import run_cli, save_tiny, tiny_llama, word_tokenizer
 
 from specdraft_eval import SpecdecError
 from specdraft_eval.drafts import load_draft
@@ -46,7 +46,7 @@ def test_a_tree_grows_best_first_over_each_contexts_likeliest_next_tokens():
 
 def test_ngram_trees_decode_as_the_target_does(tmp_path, tokenizer):
     import torch
-    from test_engine import hf_greedy
+    from support import hf_greedy
 
     from specdraft_eval.engine.loop import speculative_generate_batch
 

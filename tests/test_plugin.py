@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, run_cli, save_tiny
+from support import ROOT, run_cli, save_tiny
 
 KIND = "repeat-last"
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import run_cli, save_tiny
-from test_leaderboard import write_result
+from support import run_cli, save_tiny, write_result
 
 from specdraft_eval.integration.recommend import recommend
 from specdraft_eval.measure.environment import hardware
@@ -135,8 +134,6 @@ def test_lm_eval_model_resolves_auto(tmp_path, monkeypatch):
     lm._task = "t"
     lm._auto.start("t", 4, 1)
     assert lm.session.run.gamma == GammaPolicy(5, False)
-
-
 
 
 def test_auto_is_resolved_before_loading_and_needs_a_named_target(tmp_path):

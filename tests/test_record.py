@@ -9,9 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import RUNTIME, run_cli, save_tiny, tiny_llama
-from test_engine import drafts
-from test_zoo_cli import assert_one_line_error, zoo_json
+from support import RUNTIME, assert_one_line_error, drafts, run_cli, zoo_json
 
 from specdraft_eval import autoregressive_generate, speculative_generate
 from specdraft_eval.drafts.prompt_lookup import PromptLookupDrafter
@@ -20,11 +18,6 @@ from specdraft_eval.files import atomic_write
 from specdraft_eval.measure.profiles import read_profile
 from specdraft_eval.measure.record import RecordError, SpecdecRecord, read_results
 from specdraft_eval.measure.stats import GenerationStats
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_llama(seed=0)
 
 
 def run_requests(target, draft, do_sample: bool, gamma: int = 4, dynamic: bool = False) -> GenerationStats:
@@ -216,11 +209,6 @@ def test_read_results_names_the_file(tmp_path, kind):
     with pytest.raises(RecordError, match=MESSAGES[kind]) as info:
         read_results(path)
     assert str(path) in str(info.value) and "\n" not in str(info.value)
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    return save_tiny(tmp_path_factory.mktemp("record") / "target", layers=4)
 
 
 @pytest.mark.parametrize("kind", KINDS)

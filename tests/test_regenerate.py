@@ -8,11 +8,12 @@ from __future__ import annotations
 import gzip
 import json
 import random
+import subprocess
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, run_cli, save_tiny
+from support import ROOT, run_cli
 
 from specdraft_eval import autoregressive_generate
 from specdraft_eval.errors import SpecdecError
@@ -21,6 +22,8 @@ from specdraft_eval.models.targets import LoadSettings
 from zoo.held_in import HELD_OUT, held_in_prompts
 from zoo.regenerate import PROVENANCE, Regeneration, read_rows, regenerate
 from zoo.train_head import HeadTraining, forced_features, train_head
+
+TARGET_LAYERS = 6  # the `target` and `tiny` fixtures' depth
 
 SHIPPED_DATA = ROOT / "leaderboard" / "drafts" / "data"
 
@@ -84,7 +87,7 @@ def test_any_long_window_of_an_evaluation_document_is_refused_by_every_builder(t
 
 
 def test_train_head_text_refuses_an_evaluation_document(tmp_path):
-    from conftest import word_tokenizer
+    from support import word_tokenizer
 
     from zoo.train_head import HeadTraining, teacher_forced
 
@@ -100,11 +103,6 @@ def test_python_prompts_are_functions_with_their_docstrings():
     for prompt in prompts:
         body = prompt.text.rstrip()
         assert "def " in body and body.endswith(('"', "'")), prompt.source
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return save_tiny(tmp_path_factory.mktemp("tiny") / "model", layers=6)
 
 
 def _prompt_file(tmp: Path, count: int = 12) -> Path:
@@ -254,7 +252,9 @@ def _shipped_training_data(folder: Path) -> list[dict]:
 
 
 def test_every_shipped_draft_lists_its_training_data_and_none_is_held_out():
-    folders = sorted(p for p in (ROOT / "leaderboard" / "drafts").iterdir() if p.is_dir() and p != SHIPPED_DATA)
+    tracked = subprocess.run(["git", "ls-files", "leaderboard/drafts"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.split()  # shipped: committed, not what reproduce.sh built beside them
+    folders = sorted({ROOT / Path(path).parents[-4] for path in tracked} - {SHIPPED_DATA})
     assert {p.name for p in folders} >= {"smollm2-ngram", "smollm2-eagle", "smollm2-eagle3"}
     for folder in folders:
         data = _shipped_training_data(folder)

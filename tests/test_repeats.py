@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import save_tiny
+from support import save_tiny
 
 TASKS = Path(__file__).parent / "tasks"
 

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from support import run_cli
 
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.measure.stats import GenerationStats

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import itertools
-from collections import Counter
-
 import pytest
 import torch
-from conftest import tiny_llama
-from scipy.stats import chisquare
+from support import PROMPT, SAMPLES, VOCAB, exact_joint, fit, tiny_llama, warped
 
 from specdraft_eval import speculative_generate, speculative_generate_batch
 from specdraft_eval.drafts import suffix
@@ -18,74 +14,12 @@ from specdraft_eval.drafts.model import ModelDrafter
 from specdraft_eval.drafts.prompt_lookup import PromptLookupDrafter
 from specdraft_eval.engine.sampling import Sampler
 
-VOCAB = 8
-PROMPT = [3, 1, 4, 1, 5, 1]  # repeats give prompt lookup something to propose
-SAMPLES = 2000
 ROWS = 50  # the chi-square tests sample 50 rows per batched generation
 
 
 @pytest.fixture(scope="module")
 def target():
     return tiny_llama(seed=0, vocab=VOCAB)
-
-
-def warped(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
-    """Sampling's distribution written out from its definitions, independently of the engine's ``Sampler``:
-    logits / temperature; only the top_k largest kept; then the nucleus: the most likely tokens whose probability
-    adds up to top_p, the one that crosses it included (at least one); renormalised."""
-    probs = torch.softmax(logits.double() / temperature, dim=-1)
-    order = torch.argsort(probs, descending=True)
-    keep = torch.zeros_like(probs, dtype=torch.bool)
-    total = 0.0
-    for rank, token in enumerate(order.tolist()):
-        if (top_k and rank >= top_k) or (rank and total >= top_p):
-            break
-        keep[token] = True
-        total += float(probs[token])
-    probs = torch.where(keep, probs, torch.zeros_like(probs))
-    return probs / probs.sum()
-
-
-def exact_joint(target, sampler: Sampler) -> dict[tuple[int, ...], float]:
-    """The target's exact probability of every 3-token continuation, marginalised to (x1, x2) and x3, under
-    ``sampler``'s settings (its temperature, top-k and top-p, applied by :func:`warped`, not by the sampler)."""
-    settings = {"temperature": sampler.temperature, "top_k": sampler.top_k, "top_p": sampler.top_p}
-    with torch.inference_mode():
-        def dist(tokens):
-            return warped(target(torch.tensor([tokens])).logits[0, -1], **settings)
-
-        p1 = dist(PROMPT)
-        joint12, marginal3 = {}, torch.zeros(VOCAB)
-        for a, b in itertools.product(range(VOCAB), repeat=2):
-            pab = float(p1[a]) * float(dist(PROMPT + [a])[b])
-            joint12[(a, b)] = pab
-            marginal3 += pab * dist(PROMPT + [a, b])
-    return {**joint12, **{(c,): float(marginal3[c]) for c in range(VOCAB)}}
-
-
-def chi2_pvalue(observed: Counter, expected: dict, keys: list, n: int) -> float:
-    """Chi-square goodness of fit, pooling cells with fewer than 5 expected counts."""
-    obs, exp, pool_o, pool_e = [], [], 0.0, 0.0
-    for key in keys:
-        e = expected[key] * n
-        if e < 5:
-            pool_o, pool_e = pool_o + observed[key], pool_e + e
-        else:
-            obs.append(observed[key])
-            exp.append(e)
-    if pool_e > 0:
-        obs.append(pool_o)
-        exp.append(pool_e)
-    scale = sum(obs) / sum(exp)
-    return float(chisquare(obs, [e * scale for e in exp]).pvalue)
-
-
-def fit(samples: list[list[int]], expected: dict) -> tuple[float, float]:
-    pairs = Counter(tuple(s[:2]) for s in samples)
-    thirds = Counter((s[2],) for s in samples)
-    keys12 = [k for k in expected if len(k) == 2]
-    keys3 = [k for k in expected if len(k) == 1]
-    return chi2_pvalue(pairs, expected, keys12, len(samples)), chi2_pvalue(thirds, expected, keys3, len(samples))
 
 
 SETTINGS = [

@@ -4,15 +4,10 @@ for the leaderboard's TAR-vs-LM figure), checked against the same layers saved a
 from __future__ import annotations
 
 import pytest
-from conftest import run_cli, save_tiny
 from lm_eval.api.instance import Instance
+from support import run_cli
 
 from specdraft_eval.errors import SpecdecError
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return save_tiny(tmp_path_factory.mktemp("scoring") / "tiny", layers=4)
 
 
 def requests() -> list[Instance]:

@@ -121,8 +121,7 @@ def test_draft_kinds_map_to_speculative_configs():
 
 
 def test_trees_map_to_vllms_static_tree_and_sglangs_topk(tmp_path):
-    from conftest import tiny_llama
-    from test_eagle import eagle3_dir, eagle_dir
+    from support import eagle3_dir, eagle_dir, tiny_llama
 
     # best-first under a 1/(rank + 1) prior, ties to the shallower path: (0) 1, (0 0) 1, (0 0 0) 1, then (1),
     # (0 1), (1 0) at 1/2 each

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import tiny_llama
+from support import tiny_llama
 
 from specdraft_eval.drafts.prompt_lookup import KIND
 from specdraft_eval.engine import session as session_module

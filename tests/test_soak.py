@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 
 import torch
-from conftest import ROOT, tiny_llama
+from support import ROOT, tiny_llama
 
 from specdraft_eval.drafts.composite import CompositeDrafter
 from specdraft_eval.drafts.layers import layer_view

@@ -7,8 +7,7 @@ import logging
 
 import pytest
 import torch
-from conftest import save_tiny, tiny_llama
-from test_engine import drafts, hf_greedy
+from support import drafts, hf_greedy, save_tiny, tiny_llama
 
 from specdraft_eval.engine import graphs
 from specdraft_eval.engine.loop import (
@@ -18,11 +17,6 @@ from specdraft_eval.engine.loop import (
 )
 
 KINDS = ["prompt-lookup", "layers", "other-model", "self", "reduced-head", "composite", "ngram"]
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_llama(seed=0)
 
 
 @pytest.mark.parametrize("name", KINDS)
@@ -88,7 +82,7 @@ def test_compiled_steps_give_the_same_tokens(target):
     for name in ("prompt-lookup", "layers"):
         assert speculative_generate(target, drafts(target)[name], prompt, 40, num_draft_tokens=3,
                                     compile=True)[0] == expected, name
-    from test_trees import RandomTree
+    from support import RandomTree
 
     tree = RandomTree(target, 64)
     tree.drafts_trees = True
@@ -167,7 +161,7 @@ def test_compiled_tree_steps_compile_in_the_warm_up_only(dynamo_only, monkeypatc
     """A draft of token trees runs its verification compiled too: one more graph per batch bucket (the 4D mask, its
     width and reach dynamic), compiled in the warm-up; the tokens are transformers' own. Negative control: a draft
     that does not say it drafts trees gets no tree warm-up, and its timed steps compile."""
-    from test_trees import RandomTree
+    from support import RandomTree
 
     target = tiny_llama(seed=0)
     draft = RandomTree(target, 64)

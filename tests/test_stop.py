@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_llama
-from test_engine import hf_greedy, stop_when
+from support import hf_greedy, stop_when
 
 from specdraft_eval import SpecdecError
 from specdraft_eval.engine import loop
@@ -14,11 +13,6 @@ from specdraft_eval.engine.drafter import DrafterBase, Proposal
 from specdraft_eval.engine.loop import autoregressive_generate_batch, speculative_generate_batch
 
 LONG = 40
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_llama(seed=0)
 
 
 class Oracle(DrafterBase):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_leaderboard import write_result
+from support import write_result
 
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.files import RecordWarning

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from support import run_cli
 
 from specdraft_eval import published
 from specdraft_eval.drafts.spec import COMPOSITE, MODEL, DraftSpec, draft_kinds

@@ -12,8 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 from arctic_inference.suffix_decoding import SuffixDecodingCache
-from conftest import tiny_llama
-from test_engine import hf_greedy
+from support import hf_greedy, tiny_llama
 
 from specdraft_eval.drafts.spec import DraftSpec
 from specdraft_eval.drafts.suffix import KIND, SuffixDrafter
@@ -195,7 +194,7 @@ def test_model_args_fold_into_the_draft_string():
 
 
 def test_a_zoo_ngram_directory_warms_the_cache(tmp_path):
-    from conftest import word_tokenizer
+    from support import word_tokenizer
 
     from specdraft_eval.drafts.ngram import save_continuations
     from specdraft_eval.models.targets import Target
@@ -237,7 +236,7 @@ def test_every_measured_repeat_starts_from_a_fresh_cache(monkeypatch, shared):
 
 
 def test_fresh_keeps_the_warm_start_and_nothing_else(tmp_path):
-    from conftest import word_tokenizer
+    from support import word_tokenizer
 
     from specdraft_eval.drafts.composite import CompositeDrafter
     from specdraft_eval.drafts.ngram import save_continuations

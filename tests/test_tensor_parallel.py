@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
-from conftest import save_tiny
+from support import save_tiny
 
 from specdraft_eval import autoregressive_generate, load_draft, speculative_generate, speculative_generate_batch
 from specdraft_eval.engine.params import DecodeParams
@@ -74,7 +74,7 @@ def _rank(rank: int, world: int, port: int, path: str, specs: list[str], out: st
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    from test_eagle import eagle_dir
+    from support import eagle_dir
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tmp = tmp_path_factory.mktemp("tp")
@@ -108,7 +108,7 @@ def test_three_sharded_processes_on_the_embedded_default_generate_what_one_does(
     above one that shards it: prompt lookup, a 5-layer view, a model draft (two of its layers, saved apart) and the
     shipped EAGLE head, batch 1 and 4, greedy, 12 tokens on code prompts (trees and sampling: the test above): every
     rank generates one unsharded process's tokens."""
-    from conftest import ROOT
+    from support import ROOT
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from specdraft_eval.models.targets import local_dir, resolve

@@ -5,57 +5,18 @@ as the negative control); the mask is checked against the same path run alone as
 
 from __future__ import annotations
 
-import random
 from collections import Counter
 from dataclasses import replace
 
 import pytest
 import torch
-from conftest import tiny_llama
-from test_engine import hf_greedy
-from test_sampling import PROMPT, SAMPLES, VOCAB, exact_joint, fit
+from support import PROMPT, SAMPLES, VOCAB, RandomTree, exact_joint, fit, hf_greedy, tiny_llama
 
 from specdraft_eval.engine import verify
 from specdraft_eval.engine.drafter import DrafterBase, Proposal, merge
 from specdraft_eval.engine.kv_cache import BatchCache
 from specdraft_eval.engine.loop import prefill, speculative_generate, speculative_generate_batch
 from specdraft_eval.engine.sampling import Sampler
-
-
-class RandomTree(DrafterBase):
-    """A test draft: a random tree of up to ``num_tokens`` nodes, seeded by the sequence (so no node depends on the
-    sampler's draws), holding the target's own greedy continuation along one branch of random length (``oracle``),
-    so that steps accept several tokens, take side branches, and reject."""
-
-    name = "random-tree"
-
-    def __init__(self, target, vocab: int, oracle: bool = True) -> None:
-        self.target, self.vocab, self.oracle = target, vocab, oracle
-
-    def propose(self, tokens: list[int], num_tokens: int, sampler: Sampler) -> Proposal:
-        draw = random.Random(hash(tuple(tokens)))
-        nodes, parents = [], []
-        if self.oracle:
-            length = draw.randint(0, num_tokens)
-            with torch.inference_mode():
-                chain = hf_greedy(self.target, torch.tensor([tokens]), length) if length else []
-            nodes, parents = chain, list(range(-1, len(chain) - 1))
-        while len(nodes) < num_tokens:
-            parent = draw.randrange(-1, len(nodes))
-            nodes.append(draw.randrange(self.vocab))
-            parents.append(parent)
-        depths: list[int] = []
-        for parent in parents:
-            depths.append(1 + (depths[parent] if parent >= 0 else 0))
-        order = sorted(range(len(nodes)), key=lambda i: (depths[i], draw.random()))  # siblings shuffled
-        where = {old: new for new, old in enumerate(order)}
-        return Proposal([nodes[i] for i in order],
-                        parents=[where[parents[i]] if parents[i] >= 0 else -1 for i in order])
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_llama(seed=0)
 
 
 def test_a_tree_proposal_checks_its_shape():
@@ -454,7 +415,7 @@ def test_sampled_siblings_follow_the_target_and_each_plausible_wrong_rule_fails_
     with one line changed) has an exact law of its own (:func:`first_token_law`), from which the test's power
     against it is computed before sampling: at least 99%; the mutant then fails the same test."""
     from scipy.stats import chi2, ncx2
-    from test_sampling import chi2_pvalue
+    from support import chi2_pvalue
 
     tiny = tiny_llama(seed=0, vocab=VOCAB)
     with torch.inference_mode():

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
-from conftest import run_cli, save_tiny
-from test_zoo_cli import assert_one_line_error
+from support import assert_one_line_error, run_cli
 
 from specdraft_eval.measure.analytical import (
     Latencies,
@@ -75,11 +73,6 @@ def test_missing_verify_size_gives_no_prediction():
 def test_deviation_is_a_signed_fraction():
     assert deviation(103.0, 100.0) == pytest.approx(0.03)
     assert deviation(95.0, 100.0) == pytest.approx(-0.05)
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    return save_tiny(tmp_path_factory.mktemp("validate") / "target", layers=4)
 
 
 def test_validate_cli_rows_plot_and_figures(tiny, tmp_path):

@@ -11,7 +11,7 @@ import signal
 import socket
 
 import pytest
-from conftest import ROOT
+from support import ROOT
 
 from specdraft_eval import SpecdecError
 from specdraft_eval.integration.vllm_server import ServeSettings, VllmServer, vllm_python

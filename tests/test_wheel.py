@@ -12,7 +12,7 @@ import venv
 from pathlib import Path
 
 import pytest
-from conftest import BIN, ROOT
+from support import BIN, ROOT
 
 from specdraft_eval.integration.recommend import FALLBACK_DRAFT
 

@@ -6,28 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import run_cli, save_tiny
+from support import assert_one_line_error, run_cli, save_tiny, zoo_json
 
 from specdraft_eval import load_draft, load_target
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    return save_tiny(tmp_path_factory.mktemp("zoo") / "target", layers=4)
-
-
-def zoo_json(*args: str, env: dict | None = None):
-    done = run_cli("zoo", *args, "--json", env=env)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout)
-
-
-def assert_one_line_error(done, message: str) -> None:
-    assert done.returncode != 0
-    assert "Traceback" not in done.stderr
-    errors = [line for line in done.stderr.splitlines() if "error" in line.lower()]
-    last = done.stderr.strip().splitlines()[-1]
-    assert errors == [last] and last.startswith("zoo: error:") and message in last, done.stderr
 
 
 def test_list_catalog():

@@ -67,15 +67,16 @@ class Contender:
 
 
 def found_drafts(extra: list[str] = ()) -> list[str]:
-    """Draft strings for drafts on disk: ``extra`` and the shipped drafts (a directory a kind recognises by its
-    marker file, else a head in upstream's EAGLE-3 layout: one with a ``config.json``; other folders, such as the
-    heads' training data, are no drafts)."""
+    """Draft strings for drafts on disk: ``extra`` and those in the shipped drafts' folder (a directory a kind
+    recognises by its marker file; a whole model, tokenizer included, as a draft model, such as ``zoo prune``
+    writes; else a head in upstream's EAGLE layouts: one with a ``config.json``; other folders, such as the heads'
+    training data, are no drafts)."""
     folder = published.base() / "leaderboard" / "drafts"
     shipped = sorted(p for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
     written = list(extra)
     for path in shipped:
         spec = DraftSpec.parse(str(path))
-        if spec.kind != MODEL:
+        if spec.kind != MODEL or (path / "tokenizer_config.json").is_file():
             written.append(str(path))
         elif (path / "config.json").is_file():
             written.append(f"eagle:{path}")
