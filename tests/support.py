@@ -105,11 +105,11 @@ def run_cli(*args: str, timeout: int = 900, env: dict | None = None, cwd: Path =
     """Run a console script of this environment (``lm_eval``, ``zoo``) as a user would (from ``cwd``): in this
     process (no interpreter start, no torch import: milliseconds for an argument error), or, with ``process`` (what
     the process boundary decides: registration at start-up, signals, the interpreter's exit), as a subprocess."""
-    if process or args[0] not in IN_PROCESS or any(key.startswith(READ_AT_START) for key in env or {}):
-        full_env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+    settings = {"TOKENIZERS_PARALLELISM": "false", **(env or {})}
+    if process or args[0] not in IN_PROCESS or any(key.startswith(READ_AT_START) for key in settings):
         return subprocess.run([str(BIN / args[0]), *args[1:]], cwd=cwd, capture_output=True, text=True,
-                              timeout=timeout, env=full_env)
-    return in_process(args, env or {}, cwd)
+                              timeout=timeout, env={**os.environ, **settings})
+    return in_process(args, settings, cwd)
 
 
 def _zoo() -> None:
@@ -125,18 +125,12 @@ def _lm_eval() -> None:
 
 
 IN_PROCESS = {"zoo": _zoo, "lm_eval": _lm_eval}
-
-
 INTERPRETER_WARNING_FILTERS = list(warnings.filters)  # before pytest's per-test filters
-
-
 LOGGERS = ("", "lm_eval", "transformers", "datasets")  # those with stream handlers of their own
-
-
 READ_AT_START = ("HF_", "PYTHONPATH", "OMP_", "MKL_")  # settings read when a module is imported: a process each
 
 
-def in_process(args: tuple[str, ...], env: dict, cwd: Path) -> subprocess.CompletedProcess:
+def in_process(args: tuple[str, ...], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
     """``args`` run as the console script would run them, its stdout, stderr (print, logging, warnings) and exit
     code captured as a subprocess's; the environment, working directory, argv and log handlers restored after."""
     out, err = io.StringIO(), io.StringIO()
@@ -145,7 +139,7 @@ def in_process(args: tuple[str, ...], env: dict, cwd: Path) -> subprocess.Comple
     last_resort.setLevel(logging.WARNING)
     streams = [h for name in LOGGERS for h in logging.getLogger(name).handlers if type(h) is logging.StreamHandler]
     previous = [h.setStream(err) for h in streams]
-    os.environ.update({"TOKENIZERS_PARALLELISM": "false", **env})
+    os.environ.update(env)
     os.chdir(cwd)
     sys.argv = list(args)
     logging.getLogger().addHandler(last_resort)
@@ -156,10 +150,12 @@ def in_process(args: tuple[str, ...], env: dict, cwd: Path) -> subprocess.Comple
             warnings.showwarning = warnings._showwarning_orig
             try:
                 IN_PROCESS[args[0]]()
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
-                if not isinstance(exc.code, int | None):
+            except SystemExit as exc:  # as the interpreter exits: None is 0, a message goes to stderr with 1
+                if exc.code is None or isinstance(exc.code, int):
+                    code = exc.code or 0
+                else:
                     print(exc.code, file=sys.stderr)
+                    code = 1
             except Exception:
                 sys.excepthook(*sys.exc_info())
                 code = 1
