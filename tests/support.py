@@ -13,6 +13,7 @@ import random
 import re
 import subprocess
 import sys
+import threading
 import warnings
 from collections import Counter
 from contextlib import redirect_stderr, redirect_stdout
@@ -133,6 +134,14 @@ READ_AT_START = ("HF_", "PYTHONPATH", "OMP_", "MKL_")  # settings read when a mo
 def in_process(args: tuple[str, ...], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
     """``args`` run as the console script would run them, its stdout, stderr (print, logging, warnings) and exit
     code captured as a subprocess's; the environment, working directory, argv and log handlers restored after."""
+    with IN_PROCESS_LOCK:  # argv, cwd, environment and stdout are the process's: one run at a time
+        return _in_process(args, env, cwd)
+
+
+IN_PROCESS_LOCK = threading.Lock()
+
+
+def _in_process(args: tuple[str, ...], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
     out, err = io.StringIO(), io.StringIO()
     saved_env, saved_cwd, saved_argv = dict(os.environ), os.getcwd(), sys.argv
     last_resort = logging.StreamHandler(err)  # what Python's last-resort handler shows a process with no handler
