@@ -6,7 +6,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from support import save_tiny, tiny_llama
+from support import index_tasks_once, save_tiny, tiny_llama
+
+
+def pytest_configure(config) -> None:
+    index_tasks_once()
 
 
 def pytest_collection_modifyitems(config, items) -> None:

@@ -125,6 +125,23 @@ def _lm_eval() -> None:
     cli_evaluate()
 
 
+def index_tasks_once() -> None:
+    """lm-eval's task index (every task's YAML parsed: 5 s) built once per folder in this session: each
+    ``TaskManager`` still builds its tasks afresh (deep copies) from the index, with its own metadata."""
+    from lm_eval.tasks._index import TaskIndex
+
+    build, built = TaskIndex.build, {}
+
+    def build_once(paths, *, resolve_includes=True):
+        paths = [Path(p).resolve() for p in paths]  # the working directory changes between runs
+        key = (tuple(map(str, paths)), resolve_includes)
+        if key not in built:
+            built[key] = build(paths, resolve_includes=resolve_includes)
+        return built[key]
+
+    TaskIndex.build = staticmethod(build_once)
+
+
 IN_PROCESS = {"zoo": _zoo, "lm_eval": _lm_eval}
 INTERPRETER_WARNING_FILTERS = list(warnings.filters)  # before pytest's per-test filters
 LOGGERS = ("", "lm_eval", "transformers", "datasets")  # those with stream handlers of their own

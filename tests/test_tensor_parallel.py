@@ -6,9 +6,11 @@ the degree; ranks that disagree fail in one line."""
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import socket
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,6 +56,7 @@ def _rank(rank: int, world: int, port: int, path: str, specs: list[str], out: st
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
+    faulthandler.enable()  # an abort shows where it happened
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from specdraft_eval.errors import SpecdecError
@@ -87,11 +90,20 @@ def runs(tmp_path_factory):
 
 
 def spawn(world: int, path: Path, specs: list[str], out: Path, work: Workload = Workload()) -> list[dict]:
-    """Run :func:`_rank` in ``world`` gloo processes; each rank's result."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_rank, args=(world, port, str(path), specs, str(out), work), nprocs=world)
+    """Run :func:`_rank` in ``world`` gloo processes; each rank's result. A rank killed by a signal (once in CI: gloo
+    aborted a rank, "terminate called without an active exception", not seen here in 9 runs) is retried once, on a
+    fresh port, with a warning; the outputs must still agree."""
+    for attempt in (1, 2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        try:
+            mp.spawn(_rank, args=(world, port, str(path), specs, str(out), work), nprocs=world)
+            break
+        except mp.ProcessExitedException as exc:
+            if exc.signal_name is None or attempt == 2:
+                raise
+            warnings.warn(f"tensor-parallel rank {exc.error_index} died by {exc.signal_name}: retried once")
     return [json.loads(Path(f"{out}.{r}").read_text()) for r in range(world)]
 
 
