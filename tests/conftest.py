@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,11 @@ from support import index_tasks_once, save_tiny, tiny_llama
 
 def pytest_configure(config) -> None:
     index_tasks_once()
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:  # pytest -n N: the cores shared, so N processes' threads never outnumber them
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        torch.set_num_threads(threads)
+        os.environ["OMP_NUM_THREADS"] = str(threads)  # and the commands tests start
 
 
 def pytest_collection_modifyitems(config, items) -> None:

@@ -107,7 +107,8 @@ def run_cli(*args: str, timeout: int = 900, env: dict | None = None, cwd: Path =
     process (no interpreter start, no torch import: milliseconds for an argument error), or, with ``process`` (what
     the process boundary decides: registration at start-up, signals, the interpreter's exit), as a subprocess."""
     settings = {"TOKENIZERS_PARALLELISM": "false", **(env or {})}
-    if process or args[0] not in IN_PROCESS or any(key.startswith(READ_AT_START) for key in settings):
+    read_at_start = [key for key in settings if key.startswith(READ_AT_START) and key not in HUB_CONSTANTS]
+    if process or args[0] not in IN_PROCESS or read_at_start:
         return subprocess.run([str(BIN / args[0]), *args[1:]], cwd=cwd, capture_output=True, text=True,
                               timeout=timeout, env={**os.environ, **settings})
     return in_process(args, settings, cwd)
@@ -146,6 +147,7 @@ IN_PROCESS = {"zoo": _zoo, "lm_eval": _lm_eval}
 INTERPRETER_WARNING_FILTERS = list(warnings.filters)  # before pytest's per-test filters
 LOGGERS = ("", "lm_eval", "transformers", "datasets")  # those with stream handlers of their own
 READ_AT_START = ("HF_", "PYTHONPATH", "OMP_", "MKL_")  # settings read when a module is imported: a process each
+HUB_CONSTANTS = ("HF_HUB_OFFLINE", "HF_HUB_CACHE")  # except these: huggingface_hub's constants, read when called
 
 
 def in_process(args: tuple[str, ...], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
@@ -166,6 +168,7 @@ def _in_process(args: tuple[str, ...], env: dict[str, str], cwd: Path) -> subpro
     streams = [h for name in LOGGERS for h in logging.getLogger(name).handlers if type(h) is logging.StreamHandler]
     previous = [h.setStream(err) for h in streams]
     os.environ.update(env)
+    hub_constants = _set_hub_constants(env)
     os.chdir(cwd)
     sys.argv = list(args)
     logging.getLogger().addHandler(last_resort)
@@ -197,8 +200,23 @@ def _in_process(args: tuple[str, ...], env: dict[str, str], cwd: Path) -> subpro
         os.chdir(saved_cwd)
         os.environ.clear()
         os.environ.update(saved_env)
+        _set_hub_constants(hub_constants)
         gc.collect()
     return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
+
+
+def _set_hub_constants(env: dict) -> dict:
+    """huggingface_hub's constants for the ``HUB_CONSTANTS`` in ``env`` (a string, or the constant's value); their
+    values before."""
+    from huggingface_hub import constants
+
+    before = {key: getattr(constants, key) for key in HUB_CONSTANTS if key in env}
+    for key, value in before.items():
+        setting = env[key]
+        if isinstance(setting, str) and key == "HF_HUB_OFFLINE":
+            setting = constants._is_true(setting)
+        setattr(constants, key, setting)
+    return before
 
 
 RUNTIME = Runtime("float32", "onednn", attention="sdpa")

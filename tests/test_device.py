@@ -4,6 +4,7 @@ hub's kernels, and the GPU check's CPU rehearsal."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -107,16 +108,20 @@ def test_specdec_record_says_dtype_and_hub_kernels(tiny):
     assert block["use_kernels"] is False and block["dtype"] == "float32"
 
 
+def _threads() -> dict:
+    """The suite's thread setting (``pytest -n``: the cores shared between workers), passed on."""
+    return {"OMP_NUM_THREADS": os.environ["OMP_NUM_THREADS"]} if "OMP_NUM_THREADS" in os.environ else {}
+
+
 @pytest.mark.slow
 def test_gpu_check_small_rehearsal(tmp_path):
     """scripts/gpu_check.py --small: every part runs on the CPU with tiny shapes and writes its figures (part 5
     without its compiled runtime, which tests/test_static.py covers)."""
     import subprocess
 
+    env = {"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HOME": str(Path.home()), **_threads()}
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--small", "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=600, env={"HF_HUB_OFFLINE": "1",
-                                                                            "PATH": "/usr/bin:/bin",
-                                                                             "HOME": str(Path.home())})
+                          capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     results = json.loads((tmp_path / "gpu_check.json").read_text())
     assert {"step_latency", "verify_cost", "bench", "lm_eval", "steady", "sharded", "batch_sweep"} <= set(results)

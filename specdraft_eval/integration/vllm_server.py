@@ -87,7 +87,7 @@ def port_in_use(port: int) -> bool:
 @dataclass(frozen=True)
 class ServeSettings:
     """What a started server runs: the target's HF directory, the speculative config (None: plain decoding), and
-    the engine's limits. Threads default to every core (``OMP_NUM_THREADS``), eager mode (no compile)."""
+    the engine's limits. Threads: ``$OMP_NUM_THREADS``, else every core; eager mode (no compile)."""
 
     model: str
     speculative_config: dict | None = None
@@ -95,7 +95,7 @@ class ServeSettings:
     max_num_seqs: int = 16
     dtype: str = "float32"
     seed: int = 0
-    threads: int = field(default_factory=lambda: os.cpu_count() or 1)
+    threads: int = field(default_factory=lambda: int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1))
     kv_cache_gib: int = 1
     port: int | None = None
 
