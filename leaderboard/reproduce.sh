@@ -43,7 +43,7 @@ declare -A configs=(
   [suffix-tree]="$target,draft=suffix:tree,num_draft_tokens=16"  # ArcticInference's token tree (use_tree_spec)
   [suffix-ngram]="$target,draft=suffix:$drafts/smollm2-ngram,num_draft_tokens=16"  # warm: the n-gram draft's data
   [suffix-ngram-f2]="$target,draft=suffix:$drafts/smollm2-ngram?max_spec_factor=2,num_draft_tokens=16"  # drafts up
-  # to twice the match (chosen on HumanEval's tuning documents 20-27: docs/suffix53)
+  # to twice the match (chosen on HumanEval's tuning documents 20-27: benchmarks/suffix)
   [eagle-tree]="$target,draft=eagle:$drafts/smollm2-eagle@2x4,num_draft_tokens=6"  # EAGLE-2: top-2, 4 deep
   [eagle-tree-large]="$target,draft=eagle:$drafts/smollm2-eagle@8x6,num_draft_tokens=24"  # the head's accepted length
   [eagle-tree-xl]="$target,draft=eagle:$drafts/smollm2-eagle@12x7,num_draft_tokens=48"

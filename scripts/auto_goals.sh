@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 52's goals on this machine, each from an empty results store (figures under docs/auto52/):
+# Issue 52's goals on this machine, each from an empty results store (figures under benchmarks/auto_tuning/):
 #   tune    `zoo tune` on HumanEval's held-in documents, then every contender measured on the leaderboard's first 20
 #           documents (the exhaustive check of the choice); the README's quick start's `auto` afterwards
 #   unknown `draft=auto` on the embedded default loaded from a directory under another name (the board does not know
@@ -9,7 +9,7 @@
 #        BATCHES="1" HF=0 scripts/auto_goals.sh unknown: batch 1 only, --model hf's run kept from before)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=docs/auto52
+out=benchmarks/auto_tuning
 mkdir -p "$out"
 bin=.venv/bin
 tasks=(--include_path tasks --tasks specdec_humaneval --confirm_run_unsafe_code)

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Issue 51's batch study: each draft at batch 1, 2, 4, 8, 16 on the first 16 HumanEval prompts (last 512 tokens
 # each), 32 new tokens, greedy, γ 2, γ 4 and dynamic γ, speculative and plain interleaved per repeat; one JSON per
-# draft under OUT_DIR (default docs/batch51). Usage: scripts/batch_goals.sh [OUT_DIR] 'DRAFT' ...
-# e.g. scripts/batch_goals.sh docs/batch51 "eagle:leaderboard/drafts/smollm2-eagle" "prompt-lookup"
+# draft under OUT_DIR (default benchmarks/batch). Usage: scripts/batch_goals.sh [OUT_DIR] 'DRAFT' ...
+# e.g. scripts/batch_goals.sh benchmarks/batch "eagle:leaderboard/drafts/smollm2-eagle" "prompt-lookup"
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=${1:-docs/batch51}; shift
+out=${1:-benchmarks/batch}; shift
 SIZES=${SIZES:-1,2,4,8,16}; GAMMAS=${GAMMAS:-2,4,dynamic}; REPEATS=${REPEATS:-2}; TOKENS=${TOKENS:-32}
 mkdir -p "$out"
 for draft in "$@"; do

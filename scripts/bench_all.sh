@@ -7,6 +7,6 @@ cd "$(dirname "$0")/.."
 DISTILLED=${DISTILLED:-leaderboard/drafts/smollm2-5l-distilled}
 for task in specdec_humaneval specdec_mmlu_cot; do
   .venv/bin/zoo bench --target smollm2-135m-instruct --drafts prompt-lookup --drafts layers:0-4 --drafts "$DISTILLED" \
-    --task "$task" --limit 2 --max-new-tokens 64 --gamma 4 --repeats 3 --json > "docs/bench_$task.json.tmp"
-  mv "docs/bench_$task.json.tmp" "docs/bench_$task.json"
+    --task "$task" --limit 2 --max-new-tokens 64 --gamma 4 --repeats 3 --json > "benchmarks/bench/bench_$task.json.tmp"
+  mv "benchmarks/bench/bench_$task.json.tmp" "benchmarks/bench/bench_$task.json"
 done

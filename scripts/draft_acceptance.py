@@ -9,7 +9,7 @@ for each γ: TAR and per-position acceptance as ``lm_eval --model specdec`` woul
 Drafts: layer views (``layers:SPEC``) and draft directories (teacher-forced); prompt lookup, n-gram drafts and
 composites (their proposals replayed against the target's output; also exact for greedy).
 
-  .venv/bin/python scripts/draft_acceptance.py --out docs/draft_acceptance.json DRAFT ...
+  .venv/bin/python scripts/draft_acceptance.py --out benchmarks/acceptance/draft_acceptance.json DRAFT ...
 """
 
 from __future__ import annotations

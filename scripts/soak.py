@@ -3,7 +3,7 @@
 Each request is one of a few prompts, in an order that gives every prompt different predecessors; the
 output and the counters of a prompt (everything but timings) must be the same every time it is asked.
 
-  .venv/bin/python scripts/soak.py --requests 500 --out docs/soak.json      (embedded default, ~10 min)
+  .venv/bin/python scripts/soak.py --requests 500 --out benchmarks/lossless/soak.json      (embedded default, ~10 min)
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Runs each draft on the embedded default at γ = 4 and at every smaller γ' for r
 tasks' first prompts), and prints the estimate from the γ = 4 run next to the real TAR at γ'. Writes the
 figures as JSON. TAR does not depend on timing, so this can run beside other work.
 
-    .venv/bin/python scripts/tar_estimate.py --drafts prompt-lookup layers:0-4 --prompts 10 --out docs/tar_estimate.json
+    .venv/bin/python scripts/tar_estimate.py --drafts prompt-lookup layers:0-4 --prompts 10 --out benchmarks/acceptance/tar_estimate.json
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def main() -> None:
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--prompts", type=int, default=10, help="prompts per task")
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--out", type=Path, default=Path("docs/tar_estimate.json"))
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/acceptance/tar_estimate.json"))
     args = parser.parse_args()
     loaded = load_target(args.target)
     target, tokenizer = loaded.model, loaded.tokenizer

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Heads for the embedded default trained on its own answers (issue 54; measured in docs/heads54: no better than the
+# Heads for the embedded default trained on its own answers (issue 54; measured in benchmarks/heads: no better than the
 # shipped heads on HumanEval and worse on MMLU-CoT, so not shipped):
 #   1. `zoo regenerate`: its greedy answers to HumanEval's held-in documents and the standard library's functions,
 #      taken in turn (never the evaluations' documents), in 26-minute background jobs; rerun to go on (each run

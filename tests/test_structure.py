@@ -197,3 +197,36 @@ def test_zoo_rank_ranks_every_published_record(tmp_path):
     ranked = {r["draft"] for r in rows}
     assert drafts <= ranked, drafts - ranked
     assert all(r["predicted_tokens_per_second"] for r in rows if r["draft"] in fixed)
+
+
+TEMPORARY = r"/tmp/|\btmp\.[A-Za-z0-9]{10}\b|__tmp__"  # mktemp's folders, lm-eval's name for a path under one
+WORK_ITEM = r"^(docs|benchmarks)/(.*/)?[A-Za-z_-]*[a-z]\d{2}(/|$)"  # a folder named after an issue: auto52, heads54
+
+
+def offenders(files: dict[str, str]) -> list[str]:
+    """Committed paths, or files' text, that name a temporary directory; folders named after a work item."""
+    import re
+
+    return [path for path, text in files.items()
+            if re.search(TEMPORARY, path) or re.search(TEMPORARY, text) or re.search(WORK_ITEM, path)]
+
+
+def test_no_committed_file_names_a_temporary_directory_and_no_folder_a_work_item():
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    listed = subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True)
+    if listed.returncode != 0:
+        pytest.skip("not a git checkout")
+    files = {}
+    for path in listed.stdout.splitlines():
+        if path == "tests/test_structure.py" or not (root / path).is_file():
+            continue
+        try:
+            files[path] = (root / path).read_text()
+        except UnicodeDecodeError:  # images
+            files[path] = ""
+    assert offenders(files) == []
+    assert offenders({"docs/auto52/README.md": "", "benchmarks/x.json": '{"store": "/tmp/tmp.vczihG0jws"}',
+                      "benchmarks/a/__tmp__tmp.WEdJc5S6oL__model/r.json": "", "docs/zoo.md": "see docs/x"}) == [
+        "docs/auto52/README.md", "benchmarks/x.json", "benchmarks/a/__tmp__tmp.WEdJc5S6oL__model/r.json"]

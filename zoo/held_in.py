@@ -28,7 +28,7 @@ def tuning_prompts(task: str) -> list[str]:
     """The documents ``zoo tune`` measures on: held out from every draft's build data (so no contender saw them) and
     past the leaderboard's (which stay for checking the choice): HumanEval 20-39, MMLU-CoT 8-79. Held-in documents
     would favour the drafts built from them: tuning on them chose the n-gram table made from their continuations
-    (2.92x there, 1.29x on the leaderboard's documents; docs/auto52)."""
+    (2.92x there, 1.29x on the leaderboard's documents; benchmarks/auto_tuning)."""
     return task_prompts(task)[LEADERBOARD[task]:HELD_OUT[task]]
 
 
