@@ -47,8 +47,25 @@ def test_outputs_are_complete_and_deterministic(results, tmp_path):
         assert column in header
     readme = (first / "README.md").read_text()
     assert "## smollm2-135m-instruct on CPU" in readme
-    assert "| 0.60 0.40 0.20  " in readme and "| 0.40 0.20 0.00  " in readme  # acceptance by position
+    page = (first / "index.html").read_text()  # acceptance by position: the HTML page and the CSV, not the markdown
+    assert ">0.60 0.40 0.20</td>" in page and ">0.40 0.20 0.00</td>" in page
     assert "| layers:0-4 " in readme and "\"layers:0,1,2,3,4\"" in "\n".join(csv_lines)  # ranges for people, ids in CSV
+    assert "### specdec_humaneval" in readme and "### specdec_mmlu_cot" in readme  # a table per task
+    assert max(len(line) for line in readme.splitlines() if line.startswith("|")) <= 120
+
+
+def test_the_markdown_tables_fit_120_columns_whatever_the_drafts_names(results, tmp_path):
+    """A composite of long paths is elided in its middle in the markdown (whole in the CSV and the HTML page)."""
+    long = "prompt-lookup:2-3|eagle:/a/very/long/folder/of/someones/own/drafts/an-eagle-head-for-this-target@2x4"
+    write_result(results / "long", long, 1.3)
+    out = tmp_path / "out"
+    assert build(results, out).returncode == 0
+    readme = (out / "README.md").read_text()
+    tables = [line for line in readme.splitlines() if line.startswith("|")]
+    assert max(map(len, tables)) <= 120
+    elided = [line for line in tables if "…" in line]
+    assert elided and all(line.startswith("| prompt-lookup:2-3") and "@2x4 " in line for line in elided)
+    assert long in (out / "leaderboard.csv").read_text() and long in (out / "index.html").read_text()
 
 
 def test_a_drafts_own_run_fills_its_accuracy_column_and_figures_are_rounded(results, tmp_path):
