@@ -16,7 +16,6 @@ from specdraft_eval.drafts.spec import COMPOSITE, MODEL, DraftSpec, draft_kinds
 from specdraft_eval.engine import loop as engine
 from specdraft_eval.engine.params import DecodeParams
 from specdraft_eval.errors import SpecdecError
-from specdraft_eval.integration.recommend import engine_of
 from specdraft_eval.measure.record import scan_results
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -185,7 +184,7 @@ def test_zoo_rank_ranks_every_published_record(tmp_path):
     named GPU, from a directory that is not the checkout (the published results resolve from the package); vLLM's
     rows (drafts such as ``zoo export``'s folders, which reproduce.sh rebuilds) are not ours to predict."""
     every = scan_results([published.results()])
-    files = [f for f in every if engine_of(f.record.runtime) == "specdec"]
+    files = [f for f in every if f.record.runtime.engine_name == "specdec"]
     assert len(files) < len(every)  # the board has vLLM rows: they are left out
     drafts = {f.record.draft for f in files}
     fixed = {f.record.draft for f in files if not f.record.dynamic_gamma}  # dynamic-γ runs give no TAR per γ

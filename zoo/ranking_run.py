@@ -11,7 +11,6 @@ from specdraft_eval.drafts.kind import all_candidates
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.files import RecordWarning
 from specdraft_eval.integration.offline_data import task_prompts
-from specdraft_eval.integration.recommend import engine_of
 from specdraft_eval.measure import store
 from specdraft_eval.measure.environment import ModelFacts
 from specdraft_eval.measure.profiles import read_calibration
@@ -72,7 +71,7 @@ def run_rank(target_name: str, options: RankOptions = RankOptions(),
     accelerator = None if gpu == "this" else latency_model.accelerator(gpu, read_calibration(gpu))
     own = store.paths(target_name) if results is None else []  # this machine's results first (zoo.rank)
     files = [f for f in scan_results([*own, *(results if results is not None else [published.results()])])
-             if engine_of(f.record.runtime) == "specdec"]  # rank predicts our engine: vLLM's rows are not its
+             if f.record.runtime.engine_name == "specdec"]  # rank predicts our engine: vLLM's rows are not its
     mine = frozenset(own)
     records = {f.record.draft: f.record for f in files if f.record.target == target_name}
     if accelerator is None:

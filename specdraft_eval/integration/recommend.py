@@ -141,11 +141,6 @@ def _score(candidate: ScoredConfiguration, task: str | None) -> float | None:
     return math.exp(sum(math.log(s) for s in speedups.values()) / len(speedups))
 
 
-def engine_of(runtime: Runtime) -> str:
-    """The engine a runtime decoded with: ``specdec`` (ours) or ``vllm``."""
-    return runtime.engine.split(" ")[0] or "specdec"
-
-
 def recommend(target: str, task: str | None = None, results: list[Path] | None = None,
               hardware: str | None = None, runtime: Runtime | None = None, batch_size: int = 1,
               own: list[Path] | None = None, engine: str = "specdec") -> Recommendation:
@@ -157,7 +152,7 @@ def recommend(target: str, task: str | None = None, results: list[Path] | None =
     one engine's speed says nothing of another's."""
     own = store.paths(target) if own is None else own
     scored = [c for c in candidates(target, results if results is not None else [published.results()], own)
-              if engine_of(c.key.runtime) == engine]
+              if c.key.runtime.engine_name == engine]
     today = _version(versions().get("specdraft-eval"))
     on_task = task is not None and any(task in c.speedup for c in scored if c.loadable)
     for candidate in scored:

@@ -59,6 +59,11 @@ class Runtime:
     engine: str = ""
 
     @property
+    def engine_name(self) -> str:
+        """The engine that decoded, without its version: ``specdec`` (ours) or ``vllm``."""
+        return self.engine.split(" ")[0] or "specdec"
+
+    @property
     def complete(self) -> bool:
         """Whether every field was recorded (files from before a field existed leave it ``""``)."""
         return bool(self.dtype and self.kernels and self.attention)
