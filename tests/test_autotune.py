@@ -53,7 +53,7 @@ def test_auto_tunes_inside_the_run_then_reads_its_own_result(tiny):
 
     lm = SpecDecLM(pretrained=str(tiny), draft="auto", device="cpu", kernels="plain", baseline="true")
     outputs = lm.generate_until(_requests(), disable_tqdm=True)
-    assert len(lm._auto.tuners["t"].contenders) >= 2
+    assert len(lm.plan.auto.tuners["t"].contenders) >= 2
     block = lm.specdec_info()
     tuning = block["tuning"]
     assert 2 <= len(tuning["trials"]) <= 4 and tuning["requests"] <= len(CONTEXTS) // 4
@@ -74,7 +74,7 @@ def test_auto_tunes_inside_the_run_then_reads_its_own_result(tiny):
     again = SpecDecLM(pretrained=str(tiny), draft="auto", device="cpu", kernels="plain")
     again.generate_until(_requests()[:2], disable_tqdm=True)
     paid = block["speedup"] > 1  # a random tiny model: the winner may still not beat plain decoding
-    assert not again._auto.tuners and again.session.drafter.name == (block["draft"] if paid else "prompt-lookup:3")
+    assert not again.plan.auto.tuners and again.session.drafter.name == (block["draft"] if paid else "prompt-lookup:3")
 
 
 def test_in_run_tuning_compares_contenders_on_their_own_requests_in_alternating_order(tiny, monkeypatch):
@@ -108,7 +108,7 @@ def test_auto_fixed_never_tunes(tiny):
 
     lm = SpecDecLM(pretrained=str(tiny), draft="auto:fixed", device="cpu", kernels="plain")
     lm.generate_until(_requests(), disable_tqdm=True)
-    assert not lm._auto.tuners and lm.session.drafter.name == "prompt-lookup:3" and lm.session.run.gamma.dynamic
+    assert not lm.plan.auto.tuners and lm.session.drafter.name == "prompt-lookup:3" and lm.session.run.gamma.dynamic
 
 
 def test_zoo_tune_measures_halves_stores_and_auto_reads_it(tiny, tmp_path):

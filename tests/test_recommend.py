@@ -124,7 +124,7 @@ def test_lm_eval_model_resolves_auto(tmp_path, monkeypatch):
                                                                         on_task=True))
     lm = lm_eval_model.SpecDecLM(pretrained=str(tiny), draft="auto", device="cpu", kernels="plain", static_cache=True)
     lm._task = "t"
-    lm._auto.start("t", 4, 1)
+    lm.plan.auto.start("t", 4, 1)
     gamma = lm.session.run.gamma
     assert (lm.session.drafter.name, gamma.num_draft_tokens, gamma.dynamic) == ("layers:0", 2, True)
     # looked up by the target's name and the task on the hardware it runs on, with the runtime it runs
@@ -132,7 +132,7 @@ def test_lm_eval_model_resolves_auto(tmp_path, monkeypatch):
     lm = lm_eval_model.SpecDecLM(pretrained=str(tiny), draft="auto", num_draft_tokens=5, dynamic_gamma="false",
                                  device="cpu")
     lm._task = "t"
-    lm._auto.start("t", 4, 1)
+    lm.plan.auto.start("t", 4, 1)
     assert lm.session.run.gamma == GammaPolicy(5, False)
 
 

@@ -20,25 +20,19 @@ import torch
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
-from specdraft_eval.drafts import load_draft
-from specdraft_eval.drafts.model import ModelDrafter
-from specdraft_eval.drafts.spec import AUTO, AUTO_FIXED, DraftSpec, kind_versions
 from specdraft_eval.engine.params import DecodeParams, row_positions, text_stop
 from specdraft_eval.engine.session import Session
 from specdraft_eval.errors import SpecdecError, one_line, raise_terminated
-from specdraft_eval.integration.auto import AutoRun
 from specdraft_eval.integration.model_args import SpecdecArgs, hf_arguments
-from specdraft_eval.integration.recommend import recommend
+from specdraft_eval.integration.run_plan import RunPlan, cpu_batch_size
 from specdraft_eval.integration.task_groups import groups_of
-from specdraft_eval.integration.vllm_engine import VllmRun, VllmSession, vllm_model_dir
+from specdraft_eval.integration.vllm_engine import VllmSession
 from specdraft_eval.measure import store
-from specdraft_eval.measure.environment import ModelFacts, hardware
-from specdraft_eval.measure.profiles import default_profile_path, read_profile
 from specdraft_eval.measure.record import SpecdecRecord
 from specdraft_eval.measure.report import table
 from specdraft_eval.models import kernels as kernel_paths
 from specdraft_eval.models.sharding import ranks_agree
-from specdraft_eval.models.targets import DEFAULT_TARGET, LoadSettings, Target, runtime_of
+from specdraft_eval.models.targets import DEFAULT_TARGET, LoadSettings, Target
 
 log = logging.getLogger(__name__)
 GENERATION_KEYS = {"do_sample", "temperature", "top_k", "top_p"}
@@ -99,37 +93,11 @@ class SpecDecLM(HFLM):
         kernel_paths.apply(self.model, args.kernels)  # before the draft, so that a layer view shares packed layers
         target = Target(self.model, self.tokenizer, self.target_name,
                         LoadSettings.of_model(self.model, args.use_kernels))
-        spec = DraftSpec.parse(args.draft)
-        self._auto: AutoRun | None = None
-        self._session: Session | VllmSession | None = None
-        if args.engine == "vllm":
-            draft, gamma = args.draft, args.run().gamma.num_draft_tokens
-            if spec.kind == AUTO:  # the configuration measured fastest in vLLM here, across tasks (no tuning)
-                choice = recommend(self.target_name, hardware=hardware(self.device),
-                                   batch_size=max(self._requests_per_batch, 1), engine="vllm")
-                draft, gamma = choice.draft, args.run(choice.num_draft_tokens).gamma.num_draft_tokens
-                log.warning("draft=auto with engine=vllm: draft=%s, num_draft_tokens=%d (%s)", draft, gamma,
-                            choice.reason)
-            self._session = VllmSession(VllmRun(vllm_model_dir(self.target_name), draft, gamma, args.baseline,
-                                                args.server, max(self._requests_per_batch, 1), self.max_length),
-                                        self.model)
-        elif spec.kind == AUTO:
-            if args.score == "draft":
-                raise SpecdecError("score=draft scores with one draft's own model, and draft=auto chooses per task: "
-                                   "name the draft to score with")
-            self._auto = AutoRun(target, runtime_of(self.model, args.static_cache, args.compile), args.run,
-                                 args.baseline, fixed=spec.arg == AUTO_FIXED)
-        else:
-            drafter = load_draft(args.draft, target)
-            if args.score == "draft" and (not isinstance(drafter, ModelDrafter) or drafter.reduced_head):
-                raise SpecdecError(f"score=draft needs a draft that is a language model over the whole vocabulary; "
-                                   f"{drafter.name!r} is not (prompt lookup, n-grams, composites, EAGLE heads and "
-                                   "--vocab-top heads score no text on their own): give a layer view or a draft model")
-            self._session = Session(self.model, drafter, args.run(), args.baseline)
+        self._detected_batch: int | None = None
+        self.plan = RunPlan.of(args, target, self.device, lambda: max(self._requests_per_batch, 1), self.max_length)
         self._largest_batch = 0
         self._stored: dict = {}  # this run's files in the results store, by configuration
         self._merged: SpecdecRecord | None = None
-        self._detected_batch: int | None = None
         self._capacity: int | None = None  # static_cache: the run's longest row
         self._task = "default"  # the task generate_until is answering (a group of subtasks: the group)
         self._contexts: list[str] = []  # the texts of the batch HFLM is encoding (tok_batch_encode)
@@ -142,15 +110,12 @@ class SpecDecLM(HFLM):
         return self.batch_size if isinstance(self.batch_size, int) else self._detect_batch_size()
 
     @property
-    def session(self) -> Session:
+    def session(self) -> Session | VllmSession:
         """The session that decodes the next batch (``draft=auto``: the current task's, or its tuning contender's)."""
-        session = self._auto.session(self._task) if self._auto else self._session
+        session = self.plan.auto.session(self._task) if self.plan.auto else self.plan.session
         if self._capacity is not None and isinstance(session, Session) and session.run.capacity != self._capacity:
             session.run = replace(session.run, capacity=self._capacity)
         return session
-
-    def _sessions(self) -> list[Session]:
-        return self._auto.all_sessions() if self._auto else [self._session]
 
     # --- generation ------------------------------------------------------------------------------
 
@@ -174,8 +139,8 @@ class SpecDecLM(HFLM):
             self._capacity = max(self._positions(requests[i]) for indices in by_task.values() for i in indices)
         for task, indices in by_task.items():
             self._task = task
-            if self._auto is not None:
-                self._auto.start(task, len(indices), self._requests_per_batch)
+            if self.plan.auto is not None:
+                self.plan.auto.start(task, len(indices), self._requests_per_batch)
             outputs = super().generate_until([requests[i] for i in indices], disable_tqdm)
             for i, output in zip(indices, outputs, strict=True):
                 results[i] = output
@@ -185,11 +150,11 @@ class SpecDecLM(HFLM):
         for i, original in originals.items():
             results[i] = results[original]
         if self.world_size > 1:
-            gathered = self.gather_object(self._records(), dst=0)
-            self._merged = (SpecdecRecord.of_configurations([r for rank in gathered for r in rank], self._choices())
+            gathered = self.gather_object(self.plan.records(self._batch_size), dst=0)
+            self._merged = (SpecdecRecord.of_configurations([r for rank in gathered for r in rank], self.plan.choices())
                             if self.rank == 0 else None)
         if self.rank == 0 and by_task:
-            record = self._merged or self._record()
+            record = self._merged or self.plan.record(self._batch_size)
             for part in record.flat():  # (draft=auto logged each task's choice when it made it)
                 print(table(part), flush=True)
             if self.args.baseline:  # speedups measured on this machine: draft=auto reads them first
@@ -202,7 +167,7 @@ class SpecDecLM(HFLM):
         context, gen_kwargs = request.args[0], request.args[1]
         budget = int(gen_kwargs.get("max_gen_toks", self.max_gen_toks))
         prompt = min(len(self.tok_encode(context)), self.max_length - budget)
-        largest = max([s.run.gamma.largest for s in self._sessions()], default=4 * self.args.run().gamma.largest)
+        largest = max([s.run.gamma.largest for s in self.plan.sessions()], default=4 * self.args.run().gamma.largest)
         return row_positions(prompt, budget, largest)  # (auto: before its sessions exist, dynamic γ's widest)
 
     def _model_generate(self, context, max_length: int, stop: list[str], **generation_kwargs) -> torch.Tensor:
@@ -231,8 +196,8 @@ class SpecDecLM(HFLM):
         batch = (session.generate(prompts, params, stop, self._task, repeats) if isinstance(session, VllmSession)
                  else session.generate(prompts, params, lambda: [text_stop(self.tokenizer, stop) for _ in prompts],
                                        self._task, repeats))
-        if self._auto is not None:
-            self._auto.done(self._task, batch, len(prompts))
+        if self.plan.auto is not None:
+            self.plan.auto.done(self._task, batch, len(prompts))
         ranks_agree(self.model, batch.outputs, f"a {self._task} request")
         for where in batch.divergences:
             log.error("specdec output differs from plain greedy decoding on a %s request: %s", self._task, where)
@@ -269,59 +234,21 @@ class SpecDecLM(HFLM):
         if self.device.type == "cuda":
             found = super()._detect_batch_size(requests, pos)
         else:
-            import psutil
-
-            per_row = ModelFacts.of(self.model).kv_bytes_per_token * self.max_length
-            fits = psutil.virtual_memory().available // 2 // max(per_row, 1)
-            found = int(max(1, min(self.max_batch_size or 64, fits)))
+            found = cpu_batch_size(self.model, self.max_length, self.max_batch_size)
         if requests is None:
             self._detected_batch = found
         return found
 
     # --- reporting -------------------------------------------------------------------------------
 
-    def _records(self) -> list[SpecdecRecord]:
-        """This process's record of each configuration that decoded (``draft=auto`` after tuning: the chosen
-        configuration's, its trials beside it)."""
-        args = self.args
-        if isinstance(self._session, VllmSession):
-            session = self._session
-            return [SpecdecRecord.new(self.target_name, session.name, session.run.num_draft_tokens, False,
-                                      self.device, dict(session.stats), None, None, session.divergences,
-                                      runtime=session.runtime, batch_size=max(self._largest_batch, 1),
-                                      kind_versions=kind_versions(session.name),
-                                      engine_counters=session.engine_counters())]
-        measured = self._auto.measured() if self._auto else [(self._session, [])]
-        profile = read_profile(default_profile_path(self.target_name, str(self.device),
-                                                    kernel_paths.kernels_of(self.model)), named=False)
-        runtime = runtime_of(self.model, args.static_cache, args.compile)
-        records = []
-        for session, trials in measured:
-            name = session.drafter.name
-            records.append(SpecdecRecord.new(
-                self.target_name, name, session.run.gamma.num_draft_tokens, session.run.gamma.dynamic, self.device,
-                dict(session.stats), session.drafter.model, profile.latencies(name) if profile else None,
-                session.divergences, runtime=runtime, use_kernels=args.use_kernels, score=args.score,
-                batch_size=max(self._largest_batch, 1), tuning=trials, draft_state=session.drafter.describe(),
-                kind_versions=kind_versions(name)))
-        return records
-
-    def _choices(self) -> dict[str, dict]:
-        return {task: choice.to_json() for task, choice in self._auto.choices.items()} if self._auto else {}
-
-    def _record(self) -> SpecdecRecord:
-        """This process's record: each configuration's (:meth:`SpecdecRecord.of_configurations`), ``draft=auto``'s
-        choice per task beside them."""
-        records = self._records()
-        if not records:  # draft=auto and nothing decoded
-            return SpecdecRecord.new(self.target_name, self.args.draft, self.args.run().gamma.num_draft_tokens,
-                                     self.args.run().gamma.dynamic, self.device, {},
-                                     runtime=runtime_of(self.model, self.args.static_cache, self.args.compile))
-        return SpecdecRecord.of_configurations(records, self._choices())
+    @property
+    def _batch_size(self) -> int:
+        """The largest batch decoded (1 before any)."""
+        return max(self._largest_batch, 1)
 
     def specdec_info(self) -> dict:
         """The ``specdec`` block for the results file (on rank 0 of a data-parallel run: every rank's, merged)."""
-        return (self._merged or self._record()).to_block()
+        return (self._merged or self.plan.record(self._batch_size)).to_block()
 
     def get_model_info(self) -> dict:
         return {**super().get_model_info(), "specdec": self.specdec_info()}
