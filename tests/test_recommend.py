@@ -136,6 +136,31 @@ def test_lm_eval_model_resolves_auto(tmp_path, monkeypatch):
     assert lm.session.run.gamma == GammaPolicy(5, False)
 
 
+def test_zoo_and_lm_eval_resolve_auto_through_the_same_rule(tmp_path, monkeypatch):
+    """One rule in one place: ``zoo``'s loading (``zoo.loading.load_one``) and ``lm_eval``'s plan of a run
+    (``AutoRun.start``) both reach ``recommend.recommend`` through ``resolve_auto``, the same target name, hardware
+    and runtime; zoo asks across tasks at batch 1, lm_eval per task at its batch size (and applies γ)."""
+    from specdraft_eval import load_target
+    from specdraft_eval.integration import lm_eval_model, recommend
+    from specdraft_eval.integration.recommend import Recommendation
+    from zoo.loading import load_one
+
+    tiny = save_tiny(tmp_path / "tiny")
+    asked = []
+    monkeypatch.setattr(recommend, "recommend", lambda target, task, hardware, runtime, batch_size: asked.append(
+        (target, task, hardware, runtime, batch_size)) or Recommendation(target, task, "layers:0", 2, False, "test",
+                                                                        on_task=True))
+    assert load_one(load_target(str(tiny)), "auto").name == "layers:0"
+    lm = lm_eval_model.SpecDecLM(pretrained=str(tiny), draft="auto", device="cpu", kernels="plain")
+    lm._task = "t"
+    lm.plan.auto.start("t", 4, 2)
+    assert lm.session.drafter.name == "layers:0"
+    (zoo_target, zoo_task, zoo_hw, zoo_runtime, zoo_batch), (lm_target, lm_task, lm_hw, lm_runtime, lm_batch) = asked
+    assert zoo_target == lm_target == str(tiny) and zoo_hw == lm_hw == hardware("cpu")
+    assert (zoo_task, zoo_batch, lm_task, lm_batch) == (None, 1, "t", 2)
+    assert (zoo_runtime.dtype, zoo_runtime.attention) == (lm_runtime.dtype, lm_runtime.attention)
+
+
 def test_auto_is_resolved_before_loading_and_needs_a_named_target(tmp_path):
     """load_draft never resolves auto itself (one rule, in one place: resolve_auto); a target built in code has no
     name to look results up by: one line each, saying what to do."""
