@@ -5,7 +5,8 @@ transformers' ``generate`` (its own decoding, plain kernels), then our engine de
 draft kind (oneDNN kernels, the default, so the comparison also covers the kernel path); any difference is
 reported with the first differing index and the target's logit margin there (``engine.divergence``).
 
-  .venv/bin/python scripts/lossless_at_scale.py --prompts 200 --out benchmarks/lossless/lossless_at_scale.json   (~20 min)
+  .venv/bin/python scripts/lossless_at_scale.py --prompts 200 \
+      --out benchmarks/lossless/lossless_at_scale.json   (~20 min)
 
 ``--resume`` continues from the figures already in ``--out`` (it is rewritten every 10 prompts), so a run stopped
 part way need not start over.

@@ -4,7 +4,8 @@ Runs each draft on the embedded default at γ = 4 and at every smaller γ' for r
 tasks' first prompts), and prints the estimate from the γ = 4 run next to the real TAR at γ'. Writes the
 figures as JSON. TAR does not depend on timing, so this can run beside other work.
 
-    .venv/bin/python scripts/tar_estimate.py --drafts prompt-lookup layers:0-4 --prompts 10 --out benchmarks/acceptance/tar_estimate.json
+    .venv/bin/python scripts/tar_estimate.py --drafts prompt-lookup layers:0-4 --prompts 10 \
+        --out benchmarks/acceptance/tar_estimate.json
 """
 
 from __future__ import annotations

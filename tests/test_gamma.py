@@ -25,20 +25,20 @@ def drive(controller: GammaController, steps: int, accept: float, verify_ms, dra
 
 
 def test_starts_at_gamma_then_measures_an_autoregressive_step():
-    controller = GammaController(start=4, max_gamma=16)
+    controller = GammaController(start=4, max_num_draft_tokens=16)
     assert controller.gamma == 4
     controller.update(4, 4, 0.001, 0.070)
     assert controller.gamma == 0  # a 1-token step has not been measured yet
 
 
 def test_climbs_when_verification_is_flat_and_drafts_are_accepted():
-    controller = GammaController(start=4, max_gamma=16)
+    controller = GammaController(start=4, max_num_draft_tokens=16)
     chosen = drive(controller, 40, accept=0.95, verify_ms=lambda n: 60.0, draft_ms=0.05)
     assert chosen[-1] == 16 and max(chosen[-10:]) == 16
 
 
 def test_backs_off_to_autoregressive_and_probes_when_drafts_fail():
-    controller = GammaController(start=4, max_gamma=16, probe_every=8)
+    controller = GammaController(start=4, max_num_draft_tokens=16, probe_every=8)
     chosen = drive(controller, 60, accept=0.0, verify_ms=lambda n: 60.0 + 10.0 * n, draft_ms=20.0)
     tail = chosen[20:]
     assert tail.count(0) >= 0.85 * len(tail)  # mostly autoregressive steps
@@ -49,13 +49,13 @@ def test_backs_off_to_autoregressive_and_probes_when_drafts_fail():
 def test_cheap_verification_of_a_few_tokens_picks_a_moderate_gamma():
     # fp32 on a small CPU: 2-3 tokens cost little more than 1, 4+ much more (measured shape).
     costs = {1: 63.0, 2: 69.0, 3: 75.0, 4: 99.0, 5: 101.0}
-    controller = GammaController(start=4, max_gamma=16)
+    controller = GammaController(start=4, max_num_draft_tokens=16)
     chosen = drive(controller, 60, accept=0.6, verify_ms=lambda n: costs.get(n, 100.0 + 4 * n), draft_ms=0.05)
     assert set(chosen[-20:]) <= {1, 2, 3}
 
 
 def test_verify_estimates_interpolate_and_extrapolate():
-    controller = GammaController(start=2, max_gamma=8)
+    controller = GammaController(start=2, max_num_draft_tokens=8)
     controller.update(0, 0, 0.0, 0.010)  # 1 token: 10 ms
     controller.update(2, 1, 0.0, 0.030)  # 3 tokens: 30 ms
     assert abs(controller.verify_seconds(2) - 0.020) < 1e-12
@@ -63,7 +63,7 @@ def test_verify_estimates_interpolate_and_extrapolate():
 
 
 def test_probes_that_do_not_pay_back_off_exponentially_and_one_that_pays_resets():
-    controller = GammaController(start=4, max_gamma=16, probe_every=8, max_probe_every=64)
+    controller = GammaController(start=4, max_num_draft_tokens=16, probe_every=8, max_probe_every=64)
     chosen = drive(controller, 400, accept=0.0, verify_ms=lambda n: 60.0 + 10.0 * n, draft_ms=20.0)
     probes = [i for i, g in enumerate(chosen) if g == 1 and i > 2]
     gaps = [b - a for a, b in zip(probes, probes[1:])]
@@ -74,7 +74,7 @@ def test_probes_that_do_not_pay_back_off_exponentially_and_one_that_pays_resets(
     assert controller.gamma == 1  # the next probe is due
     controller.update(1, 1, 0.001, 0.071)  # accepted, but one acceptance after many rejections: still no gain
     assert controller.probe_every == 64
-    good = GammaController(start=4, max_gamma=16, probe_every=8, max_probe_every=64)
+    good = GammaController(start=4, max_num_draft_tokens=16, probe_every=8, max_probe_every=64)
     drive(good, 40, accept=0.9, verify_ms=lambda n: 60.0 + 1.0 * n, draft_ms=0.5)  # a draft that pays
     good.probe_every, good._idle = 64, 64  # as if it had backed off
     good.update(1, 1, 0.0005, 0.061)
@@ -98,7 +98,7 @@ def test_one_controller_serves_a_whole_run(monkeypatch):
     monkeypatch.setattr(engine, "clock", lambda device: next(ticks) * 0.010)
 
     target, draft = tiny_llama(seed=0), ModelDrafter(tiny_llama(seed=1, layers=1), "poor", 64)
-    controller = GammaController(start=4, max_gamma=16)
+    controller = GammaController(start=4, max_num_draft_tokens=16)
     prompt = torch.arange(2, 9)[None]
     first, fresh = speculative_generate(target, draft, prompt, 20, gamma_controller=controller)
     second, learnt = speculative_generate(target, draft, prompt, 20, gamma_controller=controller)
@@ -201,7 +201,7 @@ def test_gamma_is_chosen_per_batch_size():
     """Verification of a batch of 8 costs in proportion to its tokens (no spare compute), of one row next to nothing
     more than a plain step: with the same acceptance, γ is 0 at 8 rows and high at 1, from one controller; a batch
     size met for the first time takes one plain step and then borrows the nearest one's cost shape."""
-    controller = GammaController(start=4, max_gamma=16)
+    controller = GammaController(start=4, max_num_draft_tokens=16)
 
     def cost(rows: int, n: int) -> float:
         return 0.060 if rows == 1 else 0.010 * rows * n
@@ -267,7 +267,7 @@ def test_probes_where_they_cost_a_step_are_rare_and_back_off_even_when_accepted(
     1 / PROBE_SHARE plain steps and the wait doubles all the same (issue 51: probes every 16 steps at batch 16)."""
     from specdraft_eval.engine.gamma import PROBE_SHARE
 
-    controller = GammaController(start=2, max_gamma=8, probe_every=4, max_probe_every=256)
+    controller = GammaController(start=2, max_num_draft_tokens=8, probe_every=4, max_probe_every=256)
     controller.rows = 16
     drafted = []
     for _ in range(400):

@@ -145,7 +145,7 @@ def test_request_and_run_settings_one_line_errors_and_keywords():
     settings = {"num_draft_tokens": 3, "dynamic_gamma": True, "compile": True, "seed": 3}
     run = RunSettings.of(None, settings)  # the run's keywords taken out, the request's left
     assert run == RunSettings(GammaPolicy(3, True), static_cache=True, compile=True) and settings == {"seed": 3}
-    assert run.gamma.largest == 12 and GammaPolicy(3).largest == 3
+    assert run.gamma.max_num_draft_tokens == 12 and GammaPolicy(3).max_num_draft_tokens == 3
 
 
 @pytest.mark.parametrize("text, kind, arg, parts", [

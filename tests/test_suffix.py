@@ -274,7 +274,7 @@ def _probe(cache: SuffixDecodingCache, outputs: list[list[int]]) -> list[tuple[f
 class LateGamma:
     """γ 0 for a batch's first six steps, then 4 (as dynamic γ backs off where drafting does not pay)."""
 
-    rows, max_gamma = 1, 4
+    rows, max_num_draft_tokens = 1, 4
 
     def __init__(self) -> None:
         self.steps = 0

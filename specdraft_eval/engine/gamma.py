@@ -39,8 +39,9 @@ fraction x of a plain step waits at least x / PROBE_SHARE plain steps (a CPU at 
 class GammaController:
     """Chooses γ for the next step from the steps so far (see the module docstring)."""
 
-    def __init__(self, start: int, max_gamma: int, probe_every: int = 16, max_probe_every: int = 256) -> None:
-        self.start, self.max_gamma = start, max_gamma
+    def __init__(self, start: int, max_num_draft_tokens: int, probe_every: int = 16,
+                 max_probe_every: int = 256) -> None:
+        self.start, self.max_num_draft_tokens = start, max_num_draft_tokens
         self.probe_every, self.min_probe_every, self.max_probe_every = probe_every, probe_every, max_probe_every
         self._reached: list[float] = []  # [i]: decayed count of rows that drafted position i+1 after accepting i
         self._kept: list[float] = []  # [i]: ... of those, rows that accepted position i+1 too
@@ -167,7 +168,7 @@ class GammaController:
                  if len(widths) < 2 and 1 in widths else None)  # as verify_seconds borrows
         scale, shape = (widths[1] / self._verify[other][1], self._widths(other)) if other is not None else (1.0, widths)
         best, best_rate, tokens, chance = 0, 1.0 / self.verify_seconds(1, rows), 1.0, 1.0
-        for gamma in range(1, min(self.max_gamma, largest + 2) + 1):
+        for gamma in range(1, min(self.max_num_draft_tokens, largest + 2) + 1):
             chance *= self.acceptance(gamma)
             tokens += chance  # expected_tokens(gamma)
             rate = tokens / (gamma * t_draft + scale * _estimate(shape, gamma + 1))

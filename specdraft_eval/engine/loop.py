@@ -196,7 +196,7 @@ def _decode(target, draft: Drafter, prompts: list[list[int]], params: DecodePara
     and let rows leave as they finish. Returns each row's new tokens and the batch's stats (counters summed over
     rows, times, verification passes and host reads once for the batch)."""
     device = target.device
-    longest = row_positions(max(map(len, prompts)), params.max_new_tokens, controller.max_gamma)
+    longest = row_positions(max(map(len, prompts)), params.max_new_tokens, controller.max_num_draft_tokens)
     start = clock(device)
     static = None
     if run.static_cache:  # one shape for the run: the target's runtime, grown only when a request needs more
@@ -207,7 +207,7 @@ def _decode(target, draft: Drafter, prompts: list[list[int]], params: DecodePara
         cache.always_masked |= static is not None and draft.drafts_trees  # a tree's path leaves holes: one input form
         prefilled = tap.take() if tap else None  # [rows, longest prompt - 1, features]
         # before any timed step
-        warm_up = (static.warm_up(cache, range(1, controller.max_gamma + 2), draft.drafts_trees)
+        warm_up = (static.warm_up(cache, range(1, controller.max_num_draft_tokens + 2), draft.drafts_trees)
                    if static else 0.0)
         if tap:
             tap.take()  # the warm-up's features: nobody's

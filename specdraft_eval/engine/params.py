@@ -57,7 +57,7 @@ class FixedGamma:
     rows = 1
 
     def __init__(self, gamma: int) -> None:
-        self.gamma = self.max_gamma = gamma
+        self.gamma = self.max_num_draft_tokens = gamma
 
     def update(self, drafted, accepted, draft_seconds: float, verify_seconds: float) -> None:
         """Nothing to learn."""
@@ -81,14 +81,14 @@ class GammaPolicy:
         return GammaController.around(self.num_draft_tokens) if self.dynamic else FixedGamma(self.num_draft_tokens)
 
     @property
-    def largest(self) -> int:
+    def max_num_draft_tokens(self) -> int:
         """The widest step's draft tokens."""
-        return self.controller().max_gamma
+        return self.controller().max_num_draft_tokens
 
 
-def row_positions(prompt_tokens: int, max_new_tokens: int, largest_gamma: int) -> int:
+def row_positions(prompt_tokens: int, max_new_tokens: int, max_num_draft_tokens: int) -> int:
     """The most KV cache positions one row can fill: its prompt, its budget and the widest step's draft tokens."""
-    return prompt_tokens + max_new_tokens + largest_gamma
+    return prompt_tokens + max_new_tokens + max_num_draft_tokens
 
 
 @dataclass(frozen=True)

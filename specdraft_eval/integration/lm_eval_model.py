@@ -167,8 +167,9 @@ class SpecDecLM(HFLM):
         context, gen_kwargs = request.args[0], request.args[1]
         budget = int(gen_kwargs.get("max_gen_toks", self.max_gen_toks))
         prompt = min(len(self.tok_encode(context)), self.max_length - budget)
-        largest = max([s.run.gamma.largest for s in self.plan.sessions()], default=4 * self.args.run().gamma.largest)
-        return row_positions(prompt, budget, largest)  # (auto: before its sessions exist, dynamic γ's widest)
+        widest = max([s.run.gamma.max_num_draft_tokens for s in self.plan.sessions()],
+                     default=4 * self.args.run().gamma.max_num_draft_tokens)
+        return row_positions(prompt, budget, widest)  # (auto: before its sessions exist, dynamic γ's widest)
 
     def _model_generate(self, context, max_length: int, stop: list[str], **generation_kwargs) -> torch.Tensor:
         attention_mask = generation_kwargs.pop("attention_mask", None)

@@ -227,7 +227,7 @@ def run_bench(target, target_name: str, tokenizer, drafters: list, prompts: list
     hf_logging.set_verbosity_error()  # assisted generation warns about its own defaults on every call
     configs = configurations(target, drafters, gamma, plain, compile)
     ids = [tokenizer(p, return_tensors="pt").input_ids.to(target.device) for p in prompts]
-    largest = GammaController.around(gamma).max_gamma  # dynamic γ's widest step
+    largest = GammaController.around(gamma).max_num_draft_tokens  # dynamic γ's widest step
     bench = Bench(configs, gamma, max_new_tokens, max(len(i[0]) for i in ids) + max_new_tokens + largest + 1)
     for config in configs:
         bench.warm_up(config, ids[0])
