@@ -111,17 +111,26 @@ def test_zoo_recommend_cli(results, tmp_path):
     assert bad.stderr.strip().splitlines()[-1].startswith("zoo: error: --results")
 
 
+def asked_for_auto(monkeypatch, dynamic: bool) -> list[tuple]:
+    """``recommend.recommend`` replaced: every (target, task, hardware, runtime, batch size) it is asked, in the list
+    returned; it answers ``layers:0`` at γ 2 (dynamic as given)."""
+    from specdraft_eval.integration import recommend
+    from specdraft_eval.integration.recommend import Recommendation
+
+    asked: list[tuple] = []
+    monkeypatch.setattr(recommend, "recommend", lambda target, task, hardware, runtime, batch_size: asked.append(
+        (target, task, hardware, runtime, batch_size)) or Recommendation(target, task, "layers:0", 2, dynamic, "test",
+                                                                        on_task=True))
+    return asked
+
+
 def test_lm_eval_model_resolves_auto(tmp_path, monkeypatch):
     """draft=auto takes the recommendation's draft, γ and dynamic γ for each task; explicit model_args win."""
     from specdraft_eval.engine.params import GammaPolicy
-    from specdraft_eval.integration import lm_eval_model, recommend
-    from specdraft_eval.integration.recommend import Recommendation
+    from specdraft_eval.integration import lm_eval_model
 
     tiny = save_tiny(tmp_path / "tiny")
-    asked = []
-    monkeypatch.setattr(recommend, "recommend", lambda target, task, hardware, runtime, batch_size: asked.append(
-        (target, task, hardware, runtime, batch_size)) or Recommendation(target, task, "layers:0", 2, True, "test",
-                                                                        on_task=True))
+    asked = asked_for_auto(monkeypatch, dynamic=True)
     lm = lm_eval_model.SpecDecLM(pretrained=str(tiny), draft="auto", device="cpu", kernels="plain", static_cache=True)
     lm._task = "t"
     lm.plan.auto.start("t", 4, 1)
@@ -141,15 +150,11 @@ def test_zoo_and_lm_eval_resolve_auto_through_the_same_rule(tmp_path, monkeypatc
     (``AutoRun.start``) both reach ``recommend.recommend`` through ``resolve_auto``, the same target name, hardware
     and runtime; zoo asks across tasks at batch 1, lm_eval per task at its batch size (and applies γ)."""
     from specdraft_eval import load_target
-    from specdraft_eval.integration import lm_eval_model, recommend
-    from specdraft_eval.integration.recommend import Recommendation
+    from specdraft_eval.integration import lm_eval_model
     from zoo.loading import load_one
 
     tiny = save_tiny(tmp_path / "tiny")
-    asked = []
-    monkeypatch.setattr(recommend, "recommend", lambda target, task, hardware, runtime, batch_size: asked.append(
-        (target, task, hardware, runtime, batch_size)) or Recommendation(target, task, "layers:0", 2, False, "test",
-                                                                        on_task=True))
+    asked = asked_for_auto(monkeypatch, dynamic=False)
     assert load_one(load_target(str(tiny)), "auto").name == "layers:0"
     lm = lm_eval_model.SpecDecLM(pretrained=str(tiny), draft="auto", device="cpu", kernels="plain")
     lm._task = "t"

@@ -21,7 +21,7 @@ from specdraft_eval.integration.recommend import recommend
 from specdraft_eval.integration.vllm_engine import VllmRun, VllmSession, vllm_model_dir
 from specdraft_eval.measure.environment import ModelFacts, hardware
 from specdraft_eval.measure.profiles import default_profile_path, read_profile
-from specdraft_eval.measure.record import SpecdecRecord
+from specdraft_eval.measure.record import Runtime, SpecdecRecord
 from specdraft_eval.models import kernels as kernel_paths
 from specdraft_eval.models.targets import Target, runtime_of
 
@@ -58,14 +58,20 @@ class RunPlan:
             if args.score == "draft":
                 raise SpecdecError("score=draft scores with one draft's own model, and draft=auto chooses per task: "
                                    "name the draft to score with")
-            return cls(args, target, device, auto=AutoRun(target, runtime_of(model, args.static_cache, args.compile),
-                                                  args.run, args.baseline, fixed=spec.arg == AUTO_FIXED))
+            plan = cls(args, target, device)
+            plan.auto = AutoRun(target, plan.runtime, args.run, args.baseline, fixed=spec.arg == AUTO_FIXED)
+            return plan
         drafter = load_draft(args.draft, target)
         if args.score == "draft" and (not isinstance(drafter, ModelDrafter) or drafter.reduced_head):
             raise SpecdecError(f"score=draft needs a draft that is a language model over the whole vocabulary; "
                                f"{drafter.name!r} is not (prompt lookup, n-grams, composites, EAGLE heads and "
                                "--vocab-top heads score no text on their own): give a layer view or a draft model")
         return cls(args, target, device, session=Session(model, drafter, args.run(), args.baseline))
+
+    @property
+    def runtime(self) -> Runtime:
+        """What our engine decodes with: the target's dtype, kernels and attention, static cache, compiled steps."""
+        return runtime_of(self.target.model, self.args.static_cache, self.args.compile)
 
     def sessions(self) -> list[Session | VllmSession]:
         return self.auto.all_sessions() if self.auto else [self.session]
@@ -84,7 +90,7 @@ class RunPlan:
         measured = self.auto.measured() if self.auto else [(self.session, [])]
         profile = read_profile(default_profile_path(target.name, str(self.device), kernel_paths.kernels_of(model)),
                                named=False)
-        runtime = runtime_of(model, args.static_cache, args.compile)
+        runtime = self.runtime
         return [SpecdecRecord.new(
             target.name, session.drafter.name, session.run.gamma.num_draft_tokens, session.run.gamma.dynamic,
             self.device, dict(session.stats), session.drafter.model,
@@ -102,10 +108,9 @@ class RunPlan:
         choice per task beside them."""
         records = self.records(batch_size)
         if not records:  # draft=auto and nothing decoded
-            run, model = self.args.run(), self.target.model
+            run = self.args.run()
             return SpecdecRecord.new(self.target.name, self.args.draft, run.gamma.num_draft_tokens, run.gamma.dynamic,
-                                     self.device, {}, runtime=runtime_of(model, self.args.static_cache,
-                                                                          self.args.compile))
+                                     self.device, {}, runtime=self.runtime)
         return SpecdecRecord.of_configurations(records, self.choices())
 
 
