@@ -299,7 +299,7 @@ def steady_steps(check: Check) -> None:
     rows = []
     for runtime, (static, compiled) in runtimes.items():
         tokens = context_tokens(128, target.config.vocab_size)
-        engine = graphs.runtime(target, len(tokens) + steps + 8 + 5, compiled) if static else None
+        engine = graphs.static_caches(target, len(tokens) + steps + 8 + 5, compiled) if static else None
         probe = StepProbe(target, tokens, runtime=engine, widths=range(1, 6))  # widths 1 and 5 warmed up
         warm_up, compiles = probe.warm_up_seconds, graphs.compiled_graphs()
         times: dict[int, list[float]] = {0: [], 4: []}
@@ -352,7 +352,7 @@ def write_sweep(check: Check, rows: list[dict]) -> None:
     """Part 1's rows as a ``zoo profile --sweep`` file (``sweep.json``: the rows and the latency model fitted to
     them), which ``zoo leaderboard`` plots as latency against depth and width when it lies beside the results."""
     from specdraft_eval.errors import SpecdecError
-    from specdraft_eval.measure.profiles import SweepRow
+    from specdraft_eval.results.profiles import SweepRow
     from zoo.latency_model import fit_sweep
 
     sweep = [SweepRow(r["shape"].split()[0] if r["shape"].split()[0] in ("depth", "width") else "named", r["layers"],

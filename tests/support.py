@@ -38,8 +38,8 @@ from specdraft_eval.drafts.prompt_lookup import PromptLookupDrafter
 from specdraft_eval.engine.drafter import DrafterBase, Proposal
 from specdraft_eval.engine.params import StopCheck, first_stop
 from specdraft_eval.engine.sampling import Sampler
-from specdraft_eval.measure.record import Runtime, SpecdecRecord
 from specdraft_eval.measure.stats import GenerationStats
+from specdraft_eval.results.record import Runtime, SpecdecRecord
 from zoo.train_head import save_head
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,17 +66,17 @@ def tiny_llama(seed: int = 0, vocab: int = 64, layers: int = 4, hidden: int = 32
 
 def observed(drafter) -> list:
     """The features the engine hands ``drafter``'s rows (every ``observe``), recorded in order into the list
-    returned (``drafter.rows`` is wrapped: the rows the engine drafts with)."""
+    returned (``drafter.batch_drafter`` is wrapped: what the engine drafts with)."""
     seen: list = []
-    rows = drafter.rows
+    make = drafter.batch_drafter
 
     def recording(count):
-        batch = rows(count)
+        batch = make(count)
         observe = batch.observe
         batch.observe = lambda row, features: (seen.append(features.clone()), observe(row, features))
         return batch
 
-    drafter.rows = recording
+    drafter.batch_drafter = recording
     return seen
 
 

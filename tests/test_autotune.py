@@ -10,8 +10,8 @@ from support import ROOT, save_tiny
 
 from specdraft_eval.drafts.kind import Candidate
 from specdraft_eval.integration.autotune import Contender, Halving, halving_cost, most_contenders
-from specdraft_eval.measure import store
 from specdraft_eval.measure.stats import GenerationStats
+from specdraft_eval.results import store
 
 
 def test_halving_costs_and_budgets():
@@ -108,7 +108,8 @@ def test_auto_fixed_never_tunes(tiny):
 
     lm = SpecDecLM(pretrained=str(tiny), draft="auto:fixed", device="cpu", kernels="plain")
     lm.generate_until(_requests(), disable_tqdm=True)
-    assert not lm.plan.auto.tuners and lm.session.drafter.name == "prompt-lookup:3" and lm.session.run.gamma.dynamic
+    assert not lm.plan.auto.tuners and lm.session.drafter.name == "prompt-lookup:3"
+    assert lm.session.run.gamma.dynamic_gamma
 
 
 def test_zoo_tune_measures_halves_stores_and_auto_reads_it(tiny, tmp_path):
@@ -263,7 +264,7 @@ def test_auto_decodes_each_task_with_the_configuration_measured_best_on_it(tiny)
     takes the best across the tasks measured and says so."""
     from specdraft_eval.integration.lm_eval_model import SpecDecLM
     from specdraft_eval.measure.environment import hardware
-    from specdraft_eval.measure.record import Runtime, SpecdecRecord
+    from specdraft_eval.results.record import Runtime, SpecdecRecord
 
     def measured(draft: str, speedups: dict[str, float]) -> None:
         per_task = {task: GenerationStats(generations=4, steps=10, draft_tokens=20, accepted_tokens=8,

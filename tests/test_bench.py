@@ -10,7 +10,7 @@ from support import run_cli
 
 from specdraft_eval import load_draft, load_target
 from specdraft_eval.errors import SpecdecError
-from specdraft_eval.measure.profiles import Spread
+from specdraft_eval.results.profiles import Spread
 from zoo.bench import render
 from zoo.bench import result as bench_result
 from zoo.bench import run as bench_run
@@ -90,7 +90,7 @@ def test_bench_compile_runs_compiled_configurations_beside_the_eager_ones(tiny, 
 
     real = torch.compile
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: real(fn, **{**kw, "backend": "eager", "mode": None}))
-    monkeypatch.setattr(graphs, "RUNTIMES", graphs.Runtimes())  # fresh runtimes, the old ones back after
+    monkeypatch.setattr(graphs, "STATIC_CACHES", graphs.StaticCachesByModel())  # fresh ones, the old back after
     torch._dynamo.reset()
     plan = bench_result.BenchPlan(2, 1, 8, compile=True)
     result = bench_run.bench(str(tiny), ["prompt-lookup"], load_prompts(None, prompts_file, 2), plan,
@@ -219,7 +219,7 @@ def test_batch_study_cli_json_and_table(tiny, prompts_file):
     for label in ("4", "dynamic"):
         paying = [r["batch_size"] for r in data["rows"] if r["gamma"] == label and r["speedup"] > 1]
         assert data["pays_up_to_batch"][f"prompt-lookup:3 γ={label}"] == (max(paying) if paying else None)
-    from specdraft_eval.measure import store  # each configuration measured went to this machine's results store
+    from specdraft_eval.results import store  # each configuration measured went to this machine's results store
 
     stored = [(s.origin, s.record.draft, s.record.num_draft_tokens, s.record.dynamic_gamma, s.record.batch_size)
               for s in store.entries()]

@@ -142,7 +142,7 @@ def test_gpu_check_small_rehearsal(tmp_path):
     report = (tmp_path / "gpu.md").read_text()
     assert report.count("\n## ") == 7
     if "1 no fit:" not in done.stdout:  # part 1 as a sweep file for the leaderboard's latency figure
-        from specdraft_eval.measure.profiles import read_calibration_file
+        from specdraft_eval.results.profiles import read_calibration_file
 
         sweep = read_calibration_file(tmp_path / "sweep.json")
         assert len(sweep.rows) == 14 and {"depth", "width", "named"} == {r.group for r in sweep.rows}

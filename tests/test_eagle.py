@@ -219,7 +219,7 @@ def test_train_head_cli(tmp_path, tiny):
 
 
 def test_rank_shapes_a_head_as_one_layer_with_its_vocabulary(tmp_path, target):
-    from zoo.latency_model import shape_from_config
+    from specdraft_eval.models.structure import shape_from_config
     from zoo.shapes import draft_shape
 
     shape = shape_from_config(target.config)

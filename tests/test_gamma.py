@@ -125,7 +125,7 @@ class Scripted(GammaController):
 
 
 def test_a_draft_catches_up_before_its_first_draft_and_after_gamma_zero_as_its_prefill():
-    """catch_up runs before the first draft and before the first draft after steps at γ = 0, never otherwise;
+    """ingest runs before the first draft and before the first draft after steps at γ = 0, never otherwise;
     the positions it read are the stats' draft prefill, apart from the drafted tokens' time; output unchanged."""
     from support import tiny_llama
 
@@ -141,11 +141,11 @@ def test_a_draft_catches_up_before_its_first_draft_and_after_gamma_zero_as_its_p
 
         def __init__(self) -> None:
             self.inner = ModelDrafter(layer_view(target, [0, 1]), "layers:0-1", target.config.vocab_size)
-            self.calls: list[tuple[str, int]] = []  # ("catch_up", positions read) or ("propose", len(tokens))
+            self.calls: list[tuple[str, int]] = []  # ("ingest", positions read) or ("propose", len(tokens))
 
-        def catch_up(self, tokens):
-            read = self.inner.catch_up(tokens)
-            self.calls.append(("catch_up", read))
+        def ingest(self, tokens):
+            read = self.inner.ingest(tokens)
+            self.calls.append(("ingest", read))
             return read
 
         def propose(self, tokens, num_tokens, sampler):
@@ -158,10 +158,10 @@ def test_a_draft_catches_up_before_its_first_draft_and_after_gamma_zero_as_its_p
     assert out == autoregressive_generate(target, prompt, 30)[0]
     kinds = [kind for kind, _ in draft.calls]
     # drafted steps: 2, 2, [γ 0 × 3], 3, 1, [γ 0], 2, 2, ...: a catch-up before the 1st, 3rd and 5th drafting step
-    starts = [i for i, kind in enumerate(kinds) if kind == "catch_up"]
+    starts = [i for i, kind in enumerate(kinds) if kind == "ingest"]
     proposes_before = [kinds[:i].count("propose") for i in starts]
     assert proposes_before == [0, 2, 4], draft.calls
-    reads = [n for kind, n in draft.calls if kind == "catch_up"]
+    reads = [n for kind, n in draft.calls if kind == "ingest"]
     assert reads[0] == len(prompt) - 1 and all(n > 0 for n in reads[1:])  # the prompt; what γ 0 emitted
     assert stats.draft_prefill_tokens == sum(reads)
     assert stats.draft_prefill_seconds > 0 and stats.draft_prefill_ms_per_token is not None
@@ -192,8 +192,8 @@ def test_catching_up_changes_no_draft():
         for kind in ("layers", "eagle"):
             plain = fresh(kind).propose(tokens, 4, Sampler())
             caught = fresh(kind)
-            assert caught.catch_up(tokens) == len(tokens) - (2 if kind == "eagle" else 1)
-            assert caught.catch_up(tokens) == 0
+            assert caught.ingest(tokens) == len(tokens) - (2 if kind == "eagle" else 1)
+            assert caught.ingest(tokens) == 0
             assert caught.propose(tokens, 4, Sampler()).tokens == plain.tokens, kind
 
 

@@ -43,7 +43,7 @@ def test_cuda_graph_steps_give_the_targets_own_tokens_and_compile_only_in_the_wa
         assert out == greedy(target, prompt, 40), (draft, prompt)
         assert stats.recompiles == 0, (draft, prompt)  # every width (and the tree step) warmed up before the clock
     assert autoregressive_generate(target, PROMPTS[0], 40, compile=True)[0] == greedy(target, PROMPTS[0], 40)
-    assert graphs.runtime(target, 1, True).step.compiled is not None  # it compiled: no eager fallback
+    assert graphs.static_caches(target, 1, True).step.compiled is not None  # it compiled: no eager fallback
 
 
 def test_cuda_graph_batches_give_each_row_its_own_tokens(target):

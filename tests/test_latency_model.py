@@ -8,19 +8,20 @@ import pytest
 from support import assert_one_line_error, run_cli
 
 from specdraft_eval.errors import SpecdecError
-from specdraft_eval.measure.profiles import SweepRow
+from specdraft_eval.models.structure import ModelShape, shape_from_config
+from specdraft_eval.results.profiles import SweepRow
 from zoo import latency_model
-from zoo.latency_model import Shape, fit_sweep, forward_seconds, shape_from_config
+from zoo.latency_model import fit_sweep, forward_seconds
 from zoo.shapes import draft_shape, model_shape
 
 A100 = latency_model.accelerator("a100-80gb")
 
 
-def ms(shape: Shape, gpu=A100, runtime="eager", tokens=1) -> float:
+def ms(shape: ModelShape, gpu=A100, runtime="eager", tokens=1) -> float:
     return forward_seconds(shape, tokens, gpu, runtime) * 1000
 
 
-@pytest.mark.parametrize("runtime", latency_model.RUNTIMES)
+@pytest.mark.parametrize("runtime", latency_model.LAUNCH_MODES)
 def test_latency_is_linear_in_depth_at_fixed_width(runtime):
     base = model_shape("llama-2-7b").shape
     times = [ms(base.with_layers(n), runtime=runtime) for n in (2, 4, 8, 16, 32)]
@@ -33,7 +34,7 @@ def test_wide_shallow_draft_beats_deep_narrow_one_at_equal_size():
     """The founding paper: a 5-layer wide 1.3B draft has 49% less latency than a 24-layer one (A100)."""
     wide, deep = model_shape("wide-sheared-llama-1.3b").shape, model_shape("sheared-llama-1.3b").shape
     assert wide.parameters == pytest.approx(deep.parameters, rel=0.05)
-    for runtime in latency_model.RUNTIMES:
+    for runtime in latency_model.LAUNCH_MODES:
         saving = 1 - ms(wide, runtime=runtime) / ms(deep, runtime=runtime)
         assert saving > 0.4, runtime
     graphs = 1 - ms(wide, runtime="cuda-graphs") / ms(deep, runtime="cuda-graphs")
@@ -41,8 +42,8 @@ def test_wide_shallow_draft_beats_deep_narrow_one_at_equal_size():
 
 
 def test_width_costs_little_at_batch_one_on_a_gpu():
-    narrow = Shape(8, 1024, 16, 16, 32000, 8 * 12 * 1024**2 + 2 * 32000 * 1024, 32000 * 1024)
-    wide = Shape(8, 2048, 16, 16, 32000, 8 * 12 * 2048**2 + 2 * 32000 * 2048, 32000 * 2048)
+    narrow = ModelShape(8, 1024, 16, 16, 32000, 8 * 12 * 1024**2 + 2 * 32000 * 1024, 32000 * 1024)
+    wide = ModelShape(8, 2048, 16, 16, 32000, 8 * 12 * 2048**2 + 2 * 32000 * 2048, 32000 * 2048)
     assert ms(wide) < 1.15 * ms(narrow)  # twice as wide, 4x the layer weights, barely slower (eager)
 
 
@@ -125,7 +126,7 @@ def test_paper_targets_rank_offline_without_weights(target, tmp_path):
 
 
 def test_rank_names_the_calibration_it_uses(tmp_path):
-    from specdraft_eval.measure.profiles import Calibration, write_calibration
+    from specdraft_eval.results.profiles import Calibration, write_calibration
 
     env = {"SPECDRAFT_EVAL_CACHE": str(tmp_path), "HF_HUB_OFFLINE": "1"}
     import os

@@ -13,7 +13,7 @@ import pytest
 from support import RUNTIME, run_cli, write_result
 
 from specdraft_eval.errors import SpecdecError
-from specdraft_eval.measure.record import Runtime, SpecdecRecord, read_results
+from specdraft_eval.results.record import Runtime, SpecdecRecord, read_results
 
 
 @pytest.fixture()
@@ -207,7 +207,7 @@ def test_a_composite_drafts_bar_does_not_split_its_markdown_cell(tmp_path):
 def test_one_row_per_configuration_runs_merged(results, tmp_path):
     """A rerun of a configuration (or an `auto` run that resolved to it) adds a run to its row, not a row: counters
     summed, speedup the median with min and max over runs, the number of runs shown."""
-    from specdraft_eval.measure.record import scan_results
+    from specdraft_eval.results.record import scan_results
     from zoo.leaderboard.rows import collect
 
     for scale in (2.0, 4.0):  # two more runs of prompt-lookup:3, faster each time
@@ -238,7 +238,7 @@ EAGER = Runtime("float32", "onednn", False, False, "sdpa")
 def test_runs_of_another_runtime_are_another_row_and_never_merge(tmp_path, other):
     """Runs alike but for the dtype, the kernels, compiled steps or the attention backend: two rows each (one per
     task), every figure their own, and the records refuse to merge."""
-    from specdraft_eval.measure.record import read_results
+    from specdraft_eval.results.record import read_results
     from zoo.leaderboard.rows import collect
 
     first = write_result(tmp_path / "a", "prompt-lookup:3", 1.0, runtime=EAGER)
@@ -288,7 +288,7 @@ def test_scoring_runs_give_draft_bits_per_byte_and_the_rank_correlation(tmp_path
     write_result(root / "pl", "prompt-lookup:3", 1.0, accepted=20)  # not a model: no bits/byte, no point
     write_result(root / "five-dynamic", "drafts/five", 1.0, accepted=0, dynamic=True)  # a second row, not a point
     write_score(root / "lm_target", "smollm2-135m-instruct", {"specdec_humaneval": 0.3}, as_draft=False)
-    from specdraft_eval.measure.record import scan_results
+    from specdraft_eval.results.record import scan_results
 
     assert len(scan_results([root])) == 6 and len(scan_results([root], scoring=True)) == 11  # rank etc. skip them
     out = tmp_path / "out"
@@ -311,7 +311,7 @@ def test_latency_sweeps_beside_the_results_are_a_table_and_a_figure(results, tmp
     """A sweep file (zoo profile --sweep --out, or gpu_check.py's part 1) adds a latency table for its hardware
     (a choice in the page's hardware filter) and the latency-vs-depth-and-width figure."""
     from specdraft_eval.files import write_json
-    from specdraft_eval.measure.profiles import SweepRow
+    from specdraft_eval.results.profiles import SweepRow
     from zoo.latency_model import fit_sweep
 
     rows = [SweepRow(group, layers, hidden, layers * hidden * hidden * 24, 1.0 + 0.6 * layers + hidden / 8192, 0.9,
@@ -336,7 +336,7 @@ def test_latency_sweeps_beside_the_results_are_a_table_and_a_figure(results, tmp
 ])
 def test_a_malformed_sweep_file_is_one_line_naming_the_file_and_the_field(results, tmp_path, row, field):
     from specdraft_eval.files import write_json
-    from specdraft_eval.measure.profiles import CALIBRATION_KIND, CALIBRATION_SCHEMA_VERSION
+    from specdraft_eval.results.profiles import CALIBRATION_KIND, CALIBRATION_SCHEMA_VERSION
 
     sweep = results / "sweeps" / "sweep_bad.json"
     write_json(sweep, {"kind": CALIBRATION_KIND, "schema_version": CALIBRATION_SCHEMA_VERSION, "name": "bad",

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from support import run_cli
 
-from specdraft_eval.measure.record import sample_figures
 from specdraft_eval.models.targets import resolve
+from specdraft_eval.results.record import sample_figures
 
 pytestmark = pytest.mark.slow
 TASKS = ["specdec_humaneval", "specdec_mmlu_cot"]

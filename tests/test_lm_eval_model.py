@@ -58,7 +58,7 @@ def test_a_suffix_draft_reports_its_cache_and_takes_its_settings_as_model_args(t
     from support import save_tiny
 
     from specdraft_eval.integration.lm_eval_model import SpecDecLM
-    from specdraft_eval.measure.record import SpecdecRecord
+    from specdraft_eval.results.record import SpecdecRecord
 
     model = SpecDecLM(pretrained=str(save_tiny(tmp_path / "tiny")), draft="suffix", max_tree_depth=16,
                       num_draft_tokens=4, device="cpu")

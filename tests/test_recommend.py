@@ -9,7 +9,7 @@ from support import run_cli, save_tiny, write_result
 
 from specdraft_eval.integration.recommend import recommend
 from specdraft_eval.measure.environment import hardware
-from specdraft_eval.measure.record import Runtime
+from specdraft_eval.results.record import Runtime
 
 TARGET = "smollm2-135m-instruct"  # the target write_result records
 
@@ -135,7 +135,7 @@ def test_lm_eval_model_resolves_auto(tmp_path, monkeypatch):
     lm._task = "t"
     lm.plan.auto.start("t", 4, 1)
     gamma = lm.session.run.gamma
-    assert (lm.session.drafter.name, gamma.num_draft_tokens, gamma.dynamic) == ("layers:0", 2, True)
+    assert (lm.session.drafter.name, gamma.num_draft_tokens, gamma.dynamic_gamma) == ("layers:0", 2, True)
     # looked up by the target's name and the task on the hardware it runs on, with the runtime it runs
     assert asked == [(str(tiny), "t", hardware("cpu"), Runtime("float32", "plain", True, False, "sdpa"), 1)]
     lm = lm_eval_model.SpecDecLM(pretrained=str(tiny), draft="auto", num_draft_tokens=5, dynamic_gamma="false",
@@ -209,8 +209,8 @@ def _published_and_own(tmp_path, monkeypatch):
 def test_the_users_own_result_outranks_a_published_row_from_another_machine(tmp_path, monkeypatch):
     """Published: 3x on an H100; the user's store: 1.2x measured here. Here, the user's own result wins and the
     reason names its source; asked for the H100, the published row does."""
-    from specdraft_eval.measure import store
-    from specdraft_eval.measure.record import read_results
+    from specdraft_eval.results import store
+    from specdraft_eval.results.record import read_results
 
     published, _ = _published_and_own(tmp_path, monkeypatch)
     elsewhere = write_result(published / "h100", "layers:0,1,2,3,4", 3.0)
@@ -253,8 +253,8 @@ def test_a_published_row_from_older_code_never_outranks_one_from_todays(tmp_path
 def test_zoo_rank_takes_tar_from_this_machines_results_first(tmp_path, monkeypatch):
     """Published TAR 2.2 for prompt-lookup:3 at γ 3; the user's store: TAR 1.6 measured here. zoo rank's TAR is
     the user's, and its source says so; without a store entry, the published one."""
-    from specdraft_eval.measure import store
-    from specdraft_eval.measure.record import read_results, scan_results
+    from specdraft_eval.results import store
+    from specdraft_eval.results.record import read_results, scan_results
     from zoo.rank import tar_from_results
 
     published, _ = _published_and_own(tmp_path, monkeypatch)
@@ -272,8 +272,8 @@ def test_evidence_not_source_ranks_the_users_figure_replacing_the_published_one(
     """Published on this machine: prompt-lookup:3 at 2.4x and a layer view at 1.8x on HumanEval. The user measured
     prompt-lookup:3 here at 1.08x: that replaces its published figure (same configuration), and the faster layer
     view wins, where the user's own result used to outrank every published row whatever its speed."""
-    from specdraft_eval.measure import store
-    from specdraft_eval.measure.record import read_results
+    from specdraft_eval.results import store
+    from specdraft_eval.results.record import read_results
 
     published, _ = _published_and_own(tmp_path, monkeypatch)
     write_result(published / "a", "prompt-lookup:3", 2.0)

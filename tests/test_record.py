@@ -15,9 +15,9 @@ from specdraft_eval import autoregressive_generate, speculative_generate
 from specdraft_eval.drafts.prompt_lookup import PromptLookupDrafter
 from specdraft_eval.engine.loop import divergence
 from specdraft_eval.files import atomic_write
-from specdraft_eval.measure.profiles import read_profile
-from specdraft_eval.measure.record import RecordError, SpecdecRecord, read_results
 from specdraft_eval.measure.stats import GenerationStats
+from specdraft_eval.results.profiles import read_profile
+from specdraft_eval.results.record import RecordError, SpecdecRecord, read_results
 
 
 def run_requests(target, draft, do_sample: bool, gamma: int = 4, dynamic: bool = False) -> GenerationStats:
@@ -36,10 +36,10 @@ def run_requests(target, draft, do_sample: bool, gamma: int = 4, dynamic: bool =
 def test_per_position_counts_add_up(target, name, do_sample, dynamic):
     draft = drafts(target)[name]
     proposals = []  # the lengths of every proposal, seen from outside the engine's counters
-    rows = draft.rows
+    make = draft.batch_drafter
 
     def counting(count):  # the rows the engine drafts with: what they propose
-        batch = rows(count)
+        batch = make(count)
         propose = batch.propose
 
         def counted(tokens, budgets, samplers):
@@ -50,7 +50,7 @@ def test_per_position_counts_add_up(target, name, do_sample, dynamic):
         batch.propose = counted
         return batch
 
-    draft.rows = counting
+    draft.batch_drafter = counting
     stats = run_requests(target, draft, do_sample, dynamic=dynamic)
     s = stats.summary()
     assert s["tar"] == pytest.approx(s["accepted_per_step"] + 1)
@@ -318,7 +318,7 @@ def test_acceptance_as_vllm_and_speed_bench_count_it_where_drafts_vary_in_length
 
 
 def test_undefined_positions_are_null_in_json_and_a_dash_in_tables():
-    from specdraft_eval.measure.report import positions
+    from specdraft_eval.results.report import positions
 
     stats = GenerationStats()
     for drafted, accepted in [(3, 0), (3, 0)]:

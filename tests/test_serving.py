@@ -9,7 +9,7 @@ import pytest
 from specdraft_eval import SpecdecError
 from specdraft_eval.engine.drafter import static_tree, tree_parents
 from specdraft_eval.integration.serving import sglang_args, speculative_config, stats_from_vllm, stats_of_requests
-from specdraft_eval.measure.record import SpecdecRecord
+from specdraft_eval.results.record import SpecdecRecord
 
 # One request's speculative-decoding figures as vLLM reported them (vLLM 0.27 per-request metrics, draft model,
 # num_spec_tokens 3): 43 steps, 129 draft tokens, 10 accepted, acceptance histogram [39, 1, 0, 3],

@@ -63,7 +63,7 @@ def test_a_failed_compile_falls_back_with_one_warning(target, monkeypatch, caplo
         return call
 
     monkeypatch.setattr(torch, "compile", broken)
-    monkeypatch.setattr(graphs, "RUNTIMES", graphs.Runtimes())  # fresh runtimes, the old ones back after
+    monkeypatch.setattr(graphs, "STATIC_CACHES", graphs.StaticCachesByModel())  # fresh ones, the old back after
     prompt = torch.arange(2, 12)[None]
     with caplog.at_level(logging.WARNING, logger="specdraft_eval.engine.graphs"):
         out, _ = speculative_generate(target, drafts(target)["prompt-lookup"], prompt, 20, compile=True)
@@ -89,7 +89,7 @@ def test_compiled_steps_give_the_same_tokens(target):
     out, stats = speculative_generate(target, tree, prompt, 40, num_draft_tokens=4, compile=True)
     assert out == expected and stats.trees and stats.recompiles == 0  # the tree step compiled, in the warm-up
     assert autoregressive_generate(target, prompt, 40, compile=True)[0] == expected
-    assert graphs.runtime(target, 1, True).step.compiled is not None  # it compiled: no fallback
+    assert graphs.static_caches(target, 1, True).step.compiled is not None  # it compiled: no fallback
 
 
 def test_specdec_records_its_runtime(tmp_path):
@@ -111,7 +111,7 @@ def dynamo_only(monkeypatch):
     counts exactly as with inductor, in a fraction of the time; fresh runtimes and dynamo caches."""
     real = torch.compile
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: real(fn, **{**kw, "backend": "eager", "mode": None}))
-    monkeypatch.setattr(graphs, "RUNTIMES", graphs.Runtimes())  # fresh runtimes, the old ones back after
+    monkeypatch.setattr(graphs, "STATIC_CACHES", graphs.StaticCachesByModel())  # fresh ones, the old back after
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
@@ -147,13 +147,13 @@ def test_a_longer_request_grows_the_capacity_in_steps_and_counts_it_as_warm_up(d
     target = tiny_llama(seed=0)
     draft = drafts(target)["prompt-lookup"]
     short = speculative_generate(target, draft, torch.arange(2, 8)[None], 20, compile=True)[1]
-    first = graphs.runtime(target, 1, True)
+    first = graphs.static_caches(target, 1, True)
     assert first.capacity == graphs.CAPACITY_STEP
     again = speculative_generate(target, draft, torch.arange(2, 30)[None], 20, compile=True)[1]
-    assert graphs.runtime(target, 1, True) is first and again.compile_seconds == 0 and again.recompiles == 0
+    assert graphs.static_caches(target, 1, True) is first and again.compile_seconds == 0 and again.recompiles == 0
     long = torch.randint(2, 64, (1, graphs.CAPACITY_STEP), generator=torch.Generator().manual_seed(0))
     grown = speculative_generate(target, draft, long, 20, compile=True)[1]
-    assert graphs.runtime(target, 1, True).capacity == 2 * graphs.CAPACITY_STEP
+    assert graphs.static_caches(target, 1, True).capacity == 2 * graphs.CAPACITY_STEP
     assert short.compile_seconds > 0 and grown.compile_seconds > 0 and grown.recompiles == 0
 
 
@@ -173,7 +173,7 @@ def test_compiled_tree_steps_compile_in_the_warm_up_only(dynamo_only, monkeypatc
         assert out == [hf_greedy(target, torch.tensor([row]), 20) for row in rows]
         assert stats.recompiles == 0 and stats.trees
     assert graphs.compiled_graphs() - before <= 3 * 2  # width 1, wider chains, trees; buckets 1 and 4
-    monkeypatch.setattr(graphs, "RUNTIMES", graphs.Runtimes())  # fresh runtimes, the old ones back after
+    monkeypatch.setattr(graphs, "STATIC_CACHES", graphs.StaticCachesByModel())  # fresh ones, the old back after
     draft.drafts_trees = False
     unwarmed = speculative_generate(target, draft, torch.arange(2, 12)[None], 20, num_draft_tokens=5, compile=True)[1]
     assert unwarmed.recompiles > 0
@@ -205,8 +205,8 @@ def test_the_count_fails_where_shapes_change_per_request(dynamo_only, monkeypatc
         speculative_generate_batch(target, draft, rows, 30, num_draft_tokens=gamma, dynamic_gamma=dynamic,
                                    compile=True, capacity=200)
     assert graphs.compiled_graphs() - before > 2 * 2
-    monkeypatch.setattr(graphs.StaticRuntime, "warm_up", lambda self, cache, widths, trees=False: 0.0)
-    monkeypatch.setattr(graphs, "RUNTIMES", graphs.Runtimes())  # fresh runtimes, the old ones back after
+    monkeypatch.setattr(graphs.StaticCaches, "warm_up", lambda self, cache, widths, trees=False: 0.0)
+    monkeypatch.setattr(graphs, "STATIC_CACHES", graphs.StaticCachesByModel())  # fresh ones, the old back after
     cold = speculative_generate(target, draft, torch.arange(2, 12)[None], 20, compile=True)[1]
     assert cold.recompiles > 0
 

@@ -9,8 +9,8 @@ from support import write_result
 
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.files import RecordWarning
-from specdraft_eval.measure import store
-from specdraft_eval.measure.record import SpecdecRecord, read_results
+from specdraft_eval.results import store
+from specdraft_eval.results.record import SpecdecRecord, read_results
 
 
 def _record(tmp_path, draft: str = "prompt-lookup:3", version: str | None = None) -> SpecdecRecord:

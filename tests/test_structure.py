@@ -16,7 +16,7 @@ from specdraft_eval.drafts.spec import COMPOSITE, MODEL, DraftSpec, draft_kinds
 from specdraft_eval.engine import loop as engine
 from specdraft_eval.engine.params import DecodeParams
 from specdraft_eval.errors import SpecdecError
-from specdraft_eval.measure.record import scan_results
+from specdraft_eval.results.record import scan_results
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,6 +38,7 @@ def _imports(path: Path, package: str) -> set[str]:
 LAYERS = (
     ("specdraft_eval", "specdraft_eval.errors", "specdraft_eval.files", "specdraft_eval.published"),
     ("specdraft_eval.measure",),
+    ("specdraft_eval.results",),
     ("specdraft_eval.models",),
     ("specdraft_eval.engine",),
     ("specdraft_eval.drafts",),

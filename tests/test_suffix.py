@@ -296,20 +296,20 @@ def test_the_cache_holds_every_response_whole_as_vllms_proposer_leaves_it(monkey
     γ backs off) and rows finish at different steps. The controls are the engine before, one defect each: rows at
     budget 0 not shown their tokens (a late first call puts generated tokens into the prompt's tree), a finished
     row's last step never joining."""
-    from specdraft_eval.engine.drafter import PerRow, Proposal
+    from specdraft_eval.engine.drafter import Proposal, RowByRowDrafter
 
     if control == "last step dropped":
-        monkeypatch.setattr(PerRow, "see", lambda self, tokens, rows: None)
+        monkeypatch.setattr(RowByRowDrafter, "see", lambda self, tokens, rows: None)
         monkeypatch.setattr(SuffixDrafter, "see", lambda self, tokens, _real=SuffixDrafter.see: _real(self, tokens)
                             if self.request is None else None)  # ... but a request still starts with its prompt
         monkeypatch.setattr(SuffixDrafter, "propose", lambda self, tokens, n, sampler, _real=SuffixDrafter.propose,
                             _see=SuffixDrafter.see: (_see(self, tokens), _real(self, tokens, n, sampler))[1])
     if control == "late first call":
-        monkeypatch.setattr(PerRow, "propose", lambda self, tokens, budgets, samplers: [
+        monkeypatch.setattr(RowByRowDrafter, "propose", lambda self, tokens, budgets, samplers: [
             d.propose(t, b, s) if b > 0 else Proposal([]) for d, t, b, s in
             zip(self.drafters, tokens, budgets, samplers, strict=True)])
-        monkeypatch.setattr(PerRow, "see", lambda self, tokens, rows, _real=PerRow.see: _real(self, tokens, [
-            row for row in rows if self.drafters[row].request is not None]))  # never at the prefill
+        monkeypatch.setattr(RowByRowDrafter, "see", lambda self, tokens, rows, _real=RowByRowDrafter.see: _real(
+            self, tokens, [row for row in rows if self.drafters[row].request is not None]))  # never at the prefill
     target = tiny_llama(seed=3)
     prompts = [[2 + i, 9, 9, 4, 2 + i, 9, 5] for i in range(3)] + [[7, 3, 7, 3]]
     draft = KIND.load(None, None)

@@ -146,7 +146,7 @@ def test_three_sharded_processes_on_the_embedded_default_generate_what_one_does(
 
 
 def test_the_record_says_tensor_parallel_and_disagreeing_ranks_fail_in_one_line(runs):
-    from specdraft_eval.measure.record import Runtime, SpecdecRecord
+    from specdraft_eval.results.record import Runtime, SpecdecRecord
 
     ranks, _ = runs
     assert all(r["runtime"].endswith(" tp2") for r in ranks)

@@ -259,21 +259,21 @@ def _matches(target, topk: int, depth: int, budget: int, static: bool, mutation:
     breaks the drafter on purpose: ``mask`` (a frontier node also sees fed nodes that are not its ancestors) or
     ``position`` (tree passes one position too far)."""
     from specdraft_eval.drafts.eagle import EagleDrafter, TreeShape, new_head
-    from specdraft_eval.drafts.eagle.drafter import EagleRows
+    from specdraft_eval.drafts.eagle.drafter import EagleBatchDrafter
 
     head = new_head(target, seed=7)
     with torch.no_grad():  # larger logits (the random head's are near-uniform)
         head.fc.weight.mul_(4.0)
     drafter = EagleDrafter(head, target, "e", None, TreeShape(topk, depth))
-    forward, steer = head.forward, EagleRows._steer
+    forward, layout = head.forward, EagleBatchDrafter._layout
     if mutation == "position":  # (the reference passes no mask: it runs unshifted)
         head.forward = lambda e, f, cache, positions, own=False, mask=None: forward(
             e, f, cache, positions + (mask is not None and mask.dim() == 4), own, mask)
     if mutation == "mask":
         def leaky(self, *args):
-            steered = steer(self, *args)
-            return replace(steered, visible=torch.ones_like(steered.visible))  # every fed node visible
-        monkeypatch.setattr(EagleRows, "_steer", leaky)
+            laid = layout(self, *args)
+            return replace(laid, visible=torch.ones_like(laid.visible))  # every fed node visible
+        monkeypatch.setattr(EagleBatchDrafter, "_layout", leaky)
     found = []
     for seed, tokens in enumerate(PREFIXES):
         features = torch.randn(len(tokens) - 1, target.config.hidden_size,

@@ -110,7 +110,7 @@ def test_context_buckets_split_the_measured_lengths():
 
 
 def _profile(verify_ms: float, drafts: dict[str, float]):
-    from specdraft_eval.measure.profiles import DraftTiming, Profile, Spread
+    from specdraft_eval.results.profiles import DraftTiming, Profile, Spread
 
     def spread(ms: float) -> Spread:
         return Spread(ms, ms, ms, 1)

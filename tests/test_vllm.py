@@ -102,7 +102,7 @@ def test_lm_eval_engine_vllm_records_vllms_counters_with_the_baseline(tmp_path):
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
-    from specdraft_eval.measure.record import SpecdecRecord
+    from specdraft_eval.results.record import SpecdecRecord
 
     out = simple_evaluate(model="specdec", model_args="pretrained=smollm2-135m-instruct,draft=prompt-lookup,"
                           "engine=vllm,baseline=true", tasks=["specdec_humaneval"], limit=3, batch_size=2,

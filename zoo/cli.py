@@ -350,7 +350,7 @@ def results(
 ) -> None:
     """List this machine's results store (what draft=auto reads first), or prune it."""
     from specdraft_eval.drafts.spec import replaced
-    from specdraft_eval.measure import store
+    from specdraft_eval.results import store
 
     def kinds_replaced(record) -> list[str]:
         return replaced(record.draft, record.kind_versions)
@@ -385,7 +385,7 @@ def samples(
     as_json: JsonOpt = False,
 ) -> None:
     """Acceptance and speedup per group of requests, from each request's own figures in a specdec run's samples."""
-    from specdraft_eval.measure.report import positions
+    from specdraft_eval.results.report import positions
     from zoo.samples import group_samples
 
     groups = group_samples(paths, by)

@@ -19,9 +19,9 @@ from specdraft_eval.drafts import load_draft
 from specdraft_eval.engine.params import DecodeParams, GammaPolicy, RunSettings
 from specdraft_eval.engine.session import Session
 from specdraft_eval.integration.vllm_engine import VllmRun, VllmSession, vllm_model_dir
-from specdraft_eval.measure.profiles import Spread
 from specdraft_eval.measure.stats import GenerationStats
 from specdraft_eval.models.targets import load_target
+from specdraft_eval.results.profiles import Spread
 from zoo.progress import Tick, no_progress
 
 ENGINES = ("specdec", "vllm")

@@ -42,9 +42,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from specdraft_eval.errors import SpecdecError
-from specdraft_eval.measure.profiles import Calibration, SweepRow
+from specdraft_eval.models.structure import ModelShape, shape_from_config
+from specdraft_eval.results.profiles import Calibration, SweepRow
 
-RUNTIMES = ("eager", "cuda-graphs")
+LAUNCH_MODES = ("eager", "cuda-graphs")
 ALLREDUCE_US = 10.0  # per all-reduce at batch 1: an assumption, see the module docstring
 A100_GRAPH_LAYER_MS = 0.085
 A100_BANDWIDTH = 2039
@@ -109,7 +110,7 @@ GPUS = {
         _gpu("a10g", 600, 125, 24),
         _gpu("rtx-4090", 1008, 165, 24),
         # this project's CPU machine, from `zoo profile --sweep` (fp32): see docs/development.md's fit
-        Accelerator("cpu", 13.5, 1.0, 24, {r: RuntimeCost(0.0, 0.94) for r in RUNTIMES}, dtype_bytes=4),
+        Accelerator("cpu", 13.5, 1.0, 24, {r: RuntimeCost(0.0, 0.94) for r in LAUNCH_MODES}, dtype_bytes=4),
     ]
 }
 
@@ -133,56 +134,7 @@ def accelerator(name: str, calibration: Calibration | None = None) -> Accelerato
                    source=f"calibration ({calibration.hardware}, {calibration.runtime})")
 
 
-@dataclass(frozen=True)
-class Shape:
-    """What the latency model needs of a model: its decoder's shape and size."""
-
-    layers: int
-    hidden_size: int
-    heads: int
-    kv_heads: int
-    vocab_size: int
-    parameters: float  # all parameters
-    embedding_parameters: float = 0.0  # input embeddings: one row is read per token, not the whole table
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.heads
-
-    def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
-        return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes
-
-    def with_layers(self, layers: int) -> "Shape":
-        """The same model cut to ``layers`` decoder layers (a layer view or a depth-pruned draft)."""
-        per_layer = (self.parameters - self.embedding_parameters - self.vocab_size * self.hidden_size) / self.layers
-        return replace(self, layers=layers,
-                       parameters=self.parameters - per_layer * (self.layers - layers))
-
-
-def shape_from_config(config) -> Shape:
-    """A :class:`Shape` from a transformers config (object or dict), counting parameters as Llama-style models
-    have them when the config does not say (q, k, v, o projections, a gated MLP, norms, embeddings, head)."""
-    def get(key, default=None):
-        return config.get(key, default) if isinstance(config, dict) else getattr(config, key, default)
-    try:
-        layers, hidden = int(get("num_hidden_layers")), int(get("hidden_size"))
-        heads = int(get("num_attention_heads"))
-        kv_heads = int(get("num_key_value_heads") or heads)
-        vocab = int(get("vocab_size"))
-    except (TypeError, ValueError):
-        raise SpecdecError("the model's config lacks num_hidden_layers, hidden_size, num_attention_heads or "
-                           "vocab_size: give a decoder-only transformers config.json") from None
-    inter = int(get("intermediate_size") or 4 * hidden)
-    head_dim = int(get("head_dim") or hidden // heads)
-    attention = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2
-    mlp = 3 * hidden * inter
-    embeddings = vocab * hidden
-    head = 0 if get("tie_word_embeddings", False) else vocab * hidden
-    params = layers * (attention + mlp + 2 * hidden) + embeddings + head + hidden
-    return Shape(layers, hidden, heads, kv_heads, vocab, float(get("parameters") or params), float(embeddings))
-
-
-def forward_seconds(shape: Shape, tokens: int, gpu: Accelerator, runtime: str = "eager", context: int = 0,
+def forward_seconds(shape: ModelShape, tokens: int, gpu: Accelerator, runtime: str = "eager", context: int = 0,
                     gpus: int = 1) -> float:
     """One batch-1 forward pass over ``tokens`` new tokens on top of ``context`` cached ones, the model sharded over
     ``gpus`` GPUs by tensor parallelism (see the module docstring for the model)."""
@@ -195,7 +147,7 @@ def forward_seconds(shape: Shape, tokens: int, gpu: Accelerator, runtime: str = 
     return max(fixed, roofline) if cost.host_bound else fixed + roofline
 
 
-def allreduce_seconds(shape: Shape, tokens: int, gpu: Accelerator, gpus: int) -> float:
+def allreduce_seconds(shape: ModelShape, tokens: int, gpu: Accelerator, gpus: int) -> float:
     """The all-reduces of a forward pass sharded over ``gpus`` GPUs: two per layer of ``tokens`` hidden states."""
     if gpus == 1:
         return 0.0

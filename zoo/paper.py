@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specdraft_eval.models.structure import ModelShape
 from zoo import latency_model, shapes
-from zoo.latency_model import Accelerator, Shape
+from zoo.latency_model import Accelerator
 
 TARGETS = ("llama-65b", "llama-2-70b", "opt-66b", "vicuna-33b")
 """Catalog names of the paper's large targets: ``zoo rank`` prints the comparison for them."""
@@ -57,12 +58,12 @@ class Comparison:
     deviation: str
 
 
-def compare(target: Shape, gpu: Accelerator, runtime: str, context: int, gpus: int,
+def compare(target: ModelShape, gpu: Accelerator, runtime: str, context: int, gpus: int,
             gammas: list[int]) -> list[Comparison]:
     """Every :data:`FIGURES` entry predicted for ``target`` (sharded over ``gpus``) and drafts on one ``gpu``; a
     target-share figure at each of ``gammas``."""
 
-    def ms(shape: Shape, tokens: int = 1, devices: int = 1) -> float:
+    def ms(shape: ModelShape, tokens: int = 1, devices: int = 1) -> float:
         return latency_model.forward_seconds(shape, tokens, gpu, runtime, context, devices) * 1000
 
     rows = []

@@ -9,13 +9,13 @@ import torch
 
 from specdraft_eval.files import write_json
 from specdraft_eval.measure.environment import default_device, hardware
-from specdraft_eval.measure.profiles import (
+from specdraft_eval.models.targets import LoadSettings
+from specdraft_eval.results.profiles import (
     Calibration,
     Profile,
     SweepRow,
     write_calibration,
 )
-from specdraft_eval.models.targets import LoadSettings
 from zoo.timing import context_tokens, engine_latency, measure_and_write
 
 SWEEP_SHAPES = {

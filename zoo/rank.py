@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from specdraft_eval.measure.analytical import break_even_tar, predicted_tokens_per_second
-from specdraft_eval.measure.record import ResultsFile
 from specdraft_eval.measure.stats import GenerationStats
+from specdraft_eval.results.record import ResultsFile
 from zoo.paper import Comparison
 
 DEFAULT_TASK = "specdec_humaneval"

@@ -11,11 +11,11 @@ from specdraft_eval.drafts.kind import all_candidates
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.files import RecordWarning
 from specdraft_eval.integration.offline_data import task_prompts
-from specdraft_eval.measure import store
 from specdraft_eval.measure.environment import ModelFacts
-from specdraft_eval.measure.profiles import read_calibration
-from specdraft_eval.measure.record import scan_results
 from specdraft_eval.models.targets import ALIASES, LoadSettings, Target
+from specdraft_eval.results import store
+from specdraft_eval.results.profiles import read_calibration
+from specdraft_eval.results.record import scan_results
 from zoo import catalog, latency_model, paper, shapes
 from zoo.loading import load_one
 from zoo.rank import (

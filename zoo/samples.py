@@ -8,8 +8,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from specdraft_eval.errors import SpecdecError
-from specdraft_eval.measure.record import sample_figures
 from specdraft_eval.measure.stats import GenerationStats
+from specdraft_eval.results.record import sample_figures
 
 SPECIAL = ("task", "correct")
 """Groupings that are not document fields: the task (from the samples file's name) and the task's metric (> 0)."""

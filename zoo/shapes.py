@@ -5,24 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 from specdraft_eval.drafts.spec import AUTO, COMPOSITE, MODEL, DraftSpec, draft_kinds
 from specdraft_eval.errors import SpecdecError
+from specdraft_eval.models.structure import KnownShape, ModelShape, shape_from_config
 from zoo import catalog
-from zoo.latency_model import Shape, shape_from_config
-
-
-@dataclass
-class Resolved:
-    """A model named on the command line: its canonical draft name, shape (None: model-free), source, and whether
-    it runs on the target's own layers (a layer view: sharded as the target is)."""
-
-    name: str
-    shape: Shape | None
-    source: str
-    shares_target: bool = False
 
 
 def _config_file(name: str) -> Path | None:
@@ -40,7 +28,7 @@ def _config_file(name: str) -> Path | None:
     return None
 
 
-def model_shape(name: str) -> Resolved:
+def model_shape(name: str) -> KnownShape:
     """The shape of a target or draft model named by catalog name, hub id or config path."""
     entry = catalog.find(name)
     if entry is not None:
@@ -49,7 +37,7 @@ def model_shape(name: str) -> Resolved:
                   "num_attention_heads": entry.heads, "num_key_value_heads": entry.kv_heads,
                   "vocab_size": vocab, "intermediate_size": entry.intermediate_size,
                   "parameters": entry.parameters_m * 1e6}
-        return Resolved(name, shape_from_config(config), "catalog")
+        return KnownShape(name, shape_from_config(config), "catalog")
     file = _config_file(name)
     if file is None:
         raise SpecdecError(f"no shape known for {name!r} offline: give a catalog name (`zoo list`), a directory "
@@ -58,10 +46,10 @@ def model_shape(name: str) -> Resolved:
         config = json.loads(file.read_text())
     except (OSError, ValueError) as exc:
         raise SpecdecError(f"cannot read {file}: {exc}; give a valid config.json") from None
-    return Resolved(name, shape_from_config(config), f"config ({file})")
+    return KnownShape(name, shape_from_config(config), f"config ({file})")
 
 
-def draft_shape(name: str, target: Shape, record=None) -> Resolved:
+def draft_shape(name: str, target: ModelShape, record=None) -> KnownShape:
     """A draft's shape: a kind's (:meth:`~specdraft_eval.drafts.kind.DraftKind.shape`), models, composites (the shape of
     their first part with a model, as :class:`~specdraft_eval.drafts.composite.CompositeDrafter` reports); or,
     for a draft known only from a results ``record``, its recorded size at the target's width."""
@@ -73,18 +61,17 @@ def draft_shape(name: str, target: Shape, record=None) -> Resolved:
         parts = [draft_shape(part.name, target) for part in spec.parts]
         shaped = next((p for p in parts if p.shape is not None), None)
         canonical = "|".join(p.name for p in parts)
-        return Resolved(canonical, shaped.shape if shaped else None,
+        return KnownShape(canonical, shaped.shape if shaped else None,
                         f"composite: {shaped.source} of {shaped.name}" if shaped else "model-free",
                         shaped.shares_target if shaped else False)
     if spec.kind != MODEL:  # the kind's shape and canonical name
         kind = kinds[spec.kind]
-        found = kind.shape(spec.value, target)
-        return Resolved(kind.canonical(spec.value, spec.name), found.shape, found.source, found.shares_target)
+        return kind.shape(spec.value, target, kind.canonical(spec.value, spec.name))
     try:
         return model_shape(name)
     except SpecdecError:
         if record is None or not record.draft_layers:
             raise
-    shape = Shape(record.draft_layers, target.hidden_size, target.heads, target.kv_heads, target.vocab_size,
-                  record.draft_parameters_m * 1e6, target.vocab_size * target.hidden_size)
-    return Resolved(name, shape, "results record (size)")
+    shape = ModelShape(record.draft_layers, target.hidden_size, target.heads, target.kv_heads, target.vocab_size,
+                       record.draft_parameters_m * 1e6, target.vocab_size * target.hidden_size)
+    return KnownShape(name, shape, "results record (size)")

@@ -11,7 +11,8 @@ import torch
 from specdraft_eval.engine.drafter import Proposal, static_tree, tree_parents
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.measure.environment import ModelFacts, hardware
-from specdraft_eval.measure.profiles import (
+from specdraft_eval.models.kernels import kernels_of
+from specdraft_eval.results.profiles import (
     DraftTiming,
     Profile,
     Spread,
@@ -19,7 +20,6 @@ from specdraft_eval.measure.profiles import (
     read_profile,
     write_profile,
 )
-from specdraft_eval.models.kernels import kernels_of
 
 WARMUP_STEPS = 3
 
@@ -49,7 +49,7 @@ def engine_latency(target, drafters: list, gammas: list[int], prompts: list[list
     the target's verification of k = max(γ)..1 draft tokens, rolling the cache back after each, exactly as a
     speculative step does, then its plain step (k = 0). Returns spreads of ``t_verify`` per k, and per draft
     its :class:`DraftTiming` (``t_draft`` per drafted token, ``draft_prefill_ms_per_token``: its
-    :meth:`~specdraft_eval.engine.drafter.Drafter.catch_up` on a prompt, per position read). ``trees``: verify k-node
+    :meth:`~specdraft_eval.engine.drafter.Drafter.ingest` on a prompt, per position read). ``trees``: verify k-node
     token trees (:func:`filler`) instead of chains.
     """
     from specdraft_eval.engine.probe import StepProbe
@@ -61,7 +61,7 @@ def engine_latency(target, drafters: list, gammas: list[int], prompts: list[list
     for prompt in prompts:
         with StepProbe(target, prompt, drafters) as probe:
             for drafter in drafters:
-                read = probe.catch_up(drafter)
+                read = probe.ingest(drafter)
                 if read is not None:
                     first_read[drafter.name].append(read)
             for step in range(WARMUP_STEPS + steps):

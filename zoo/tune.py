@@ -9,7 +9,7 @@ better half goes on to a round of twice as many new prompts (the last round take
 the prompts run out or the budget would (each round's time is estimated from the last). Every output must equal
 plain decoding's.
 The winner and the last round's other survivors go to this machine's results store
-(:mod:`specdraft_eval.measure.store`), where ``draft=auto`` reads them first.
+(:mod:`specdraft_eval.results.store`), where ``draft=auto`` reads them first.
 ``evaluate`` N then measures *every* contender on the task's first N documents (the leaderboard's), the exhaustive
 check of the choice.
 """
@@ -29,11 +29,11 @@ from specdraft_eval.errors import SpecdecError
 from specdraft_eval.files import atomic_write
 from specdraft_eval.integration.autotune import Contender, Halving, candidate_set, contenders, halving_schedule
 from specdraft_eval.integration.offline_data import TASK_STOPS, task_prompts
-from specdraft_eval.measure import store
 from specdraft_eval.measure.environment import hardware
-from specdraft_eval.measure.record import SpecdecRecord
 from specdraft_eval.measure.stats import GenerationStats
 from specdraft_eval.models.targets import LoadSettings, runtime_of
+from specdraft_eval.results import store
+from specdraft_eval.results.record import SpecdecRecord
 from zoo.held_in import tuning_prompts
 from zoo.plotting import png_bytes
 from zoo.progress import Tick, no_progress

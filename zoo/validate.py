@@ -24,9 +24,9 @@ from specdraft_eval.errors import SpecdecError
 from specdraft_eval.files import atomic_write, write_json
 from specdraft_eval.measure.analytical import Latencies, predicted_from_latencies
 from specdraft_eval.measure.environment import hardware
-from specdraft_eval.measure.profiles import Profile
 from specdraft_eval.measure.stats import GenerationStats
 from specdraft_eval.models.targets import LoadSettings
+from specdraft_eval.results.profiles import Profile
 from zoo.plotting import png_bytes
 from zoo.progress import Tick, no_progress
 from zoo.prompts import check_positive

@@ -56,9 +56,9 @@ class CompositeDrafter(DrafterBase):
     def describe(self) -> dict:
         return {name: state for part in self.parts for name, state in part.describe().items()}
 
-    def catch_up(self, tokens: list[int]) -> int:
+    def ingest(self, tokens: list[int]) -> int:
         """Every part catches up (the most positions any part read)."""
-        return max(part.catch_up(tokens) for part in self.parts)
+        return max(part.ingest(tokens) for part in self.parts)
 
     def reset(self, capacity: int | None = None) -> None:
         for part in self.parts:

@@ -17,6 +17,7 @@ from typing import Any
 
 from specdraft_eval.engine.drafter import Drafter
 from specdraft_eval.errors import SpecdecError
+from specdraft_eval.models.structure import KnownShape, ModelShape
 
 ENTRY_POINT_GROUP = "specdraft_eval.drafts"
 SERVER_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
@@ -29,16 +30,6 @@ class Candidate:
 
     draft: str
     gammas: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class DraftShape:
-    """What ``zoo rank`` times a draft by: its model's shape (``zoo.latency_model.Shape``; None: model-free), where
-    the shape came from, and whether it runs on the target's own (sharded) layers."""
-
-    shape: Any
-    source: str
-    shares_target: bool = False
 
 
 def split_shape(arg: str) -> tuple[str, str | None]:
@@ -101,9 +92,9 @@ class DraftKind:
         """The depth of the token tree the draft grows one draft pass per depth (EAGLE-2), None for a chain."""
         return None
 
-    def shape(self, value: Any, target) -> DraftShape:
-        """The draft's shape at ``target``'s (a ``zoo.latency_model.Shape``). Default: model-free."""
-        return DraftShape(None, "model-free")
+    def shape(self, value: Any, target: ModelShape, name: str) -> KnownShape:
+        """The shape of the draft ``name`` (its canonical string) at ``target``'s. Default: model-free."""
+        return KnownShape(name, None, "model-free")
 
     def candidates(self, target_layers: int) -> tuple[Candidate, ...]:
         """Configurations worth trying for a target of ``target_layers`` decoder layers, without files to build."""

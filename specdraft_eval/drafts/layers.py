@@ -10,10 +10,10 @@ import copy
 
 import torch
 
-from specdraft_eval.drafts.kind import Candidate, DraftKind, DraftShape
+from specdraft_eval.drafts.kind import Candidate, DraftKind
 from specdraft_eval.drafts.model import ModelDrafter
 from specdraft_eval.errors import SpecdecError
-from specdraft_eval.models.structure import decoder_path
+from specdraft_eval.models.structure import KnownShape, ModelShape, decoder_path
 from specdraft_eval.models.targets import Target
 
 
@@ -109,8 +109,9 @@ class LayersKind(DraftKind):
     def canonical(self, value: tuple[int, ...], written: str) -> str:
         return f"layers:{','.join(map(str, value))}"
 
-    def shape(self, value: tuple[int, ...], target) -> DraftShape:
-        return DraftShape(target.with_layers(len(in_range(list(value), target.layers))), "target's config", True)
+    def shape(self, value: tuple[int, ...], target: ModelShape, name: str) -> KnownShape:
+        layers = len(in_range(list(value), target.layers))
+        return KnownShape(name, target.with_layers(layers), "target's config", True)
 
     def candidates(self, target_layers: int) -> tuple[Candidate, ...]:
         return (Candidate(f"layers:0-{min(5, target_layers) - 1}", (1, 2, 4)),)

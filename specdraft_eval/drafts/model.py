@@ -81,7 +81,7 @@ class ModelDrafter(DrafterBase):
             if full.bias is not None:
                 head.bias = torch.nn.Parameter(full.bias.detach()[self._ids].clone(), requires_grad=False)
             model.lm_head = head.to(full.weight.device, full.weight.dtype)
-        self._alone = ModelRows(self, 1)
+        self._alone = ModelBatchDrafter(self, 1)
 
     @property
     def reduced_head(self) -> bool:
@@ -94,22 +94,22 @@ class ModelDrafter(DrafterBase):
     def fork(self) -> ModelDrafter:
         """The same model, a cache of its own."""
         twin = copy.copy(self)
-        twin._alone = ModelRows(twin, 1)
+        twin._alone = ModelBatchDrafter(twin, 1)
         return twin
 
-    def rows(self, count: int) -> ModelRows:
-        return ModelRows(self, count)
+    def batch_drafter(self, count: int) -> ModelBatchDrafter:
+        return ModelBatchDrafter(self, count)
 
-    def catch_up(self, tokens: list[int]) -> int:
-        return self._alone.catch_up([tokens], [0])[0]
+    def ingest(self, tokens: list[int]) -> int:
+        return self._alone.ingest([tokens], [0])[0]
 
     def propose(self, tokens: list[int], num_tokens: int, sampler: Sampler) -> Proposal:
         return self._alone.propose([tokens], [num_tokens], [sampler])[0]
 
 
-class ModelRows:
-    """:class:`~specdraft_eval.engine.drafter.Rows` for a draft model: every row's tokens in one batched KV cache
-    (holes where rows fed fewer) and one forward per drafted position for every drafting row. A row's drafted
+class ModelBatchDrafter:
+    """:class:`~specdraft_eval.engine.drafter.BatchDrafter` for a draft model: every row's tokens in one batched KV
+    cache (holes where rows fed fewer) and one forward per drafted position for every drafting row. A row's drafted
     tokens stay in the cache until the next step shows which the target accepted (its common prefix with the
     sequence); the rest are dropped then."""
 
@@ -121,7 +121,7 @@ class ModelRows:
         """Forget every row (the draft's cache grows: its passes are not compiled, ``capacity`` is not needed)."""
         self.cache = BatchCache(self.count)
         self.cached: list[list[int]] = [[] for _ in range(self.count)]  # each row's tokens in the cache, in order
-        self.mark: kv_cache.Mark | None = None  # before the last draft's own tokens, while their fate is open
+        self.mark: kv_cache.CacheMark | None = None  # before the last draft's own tokens, while their fate is open
         self.own = [0] * self.count  # each row's drafted tokens in the cache since the mark
 
     def select(self, rows: list[int]) -> None:
@@ -169,7 +169,7 @@ class ModelRows:
         last = logits[torch.arange(self.count), torch.tensor([max(len(row) - 1, 0) for row in feeding])]
         return last if self.drafter._ids is not None else last[:, : self.drafter.vocab_size]
 
-    def catch_up(self, tokens: list[list[int]], rows: list[int]) -> list[int]:
+    def ingest(self, tokens: list[list[int]], rows: list[int]) -> list[int]:
         self._settle(tokens)
         feeding = [tokens[row][len(self.cached[row]): -1] if row in rows else [] for row in range(self.count)]
         if any(feeding):

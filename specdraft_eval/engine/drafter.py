@@ -110,7 +110,7 @@ class Drafter(Protocol):
         hold, for a static KV cache of that size (None: a growing one)."""
         ...
 
-    def catch_up(self, tokens: list[int]) -> int:
+    def ingest(self, tokens: list[int]) -> int:
         """Read what the draft has not seen of ``tokens`` but the last (which ``propose`` reads): the prompt before a
         generation's first draft, and what was emitted while it drafted nothing (dynamic γ at 0). Returns how many
         positions it read (0 for a draft without such state); the engine times this as the draft's prefill."""
@@ -145,7 +145,7 @@ class Drafter(Protocol):
         suffix cache) adds them; others ignore it."""
         ...
 
-    def rows(self, count: int) -> Rows:
+    def batch_drafter(self, count: int) -> BatchDrafter:
         """Drafting for a batch of ``count`` rows (the engine's only way in): one call drafts every row."""
         ...
 
@@ -155,17 +155,17 @@ class Drafter(Protocol):
         ...
 
 
-class Rows(Protocol):
+class BatchDrafter(Protocol):
     """A batch's drafting (cf. vLLM's proposers): every live row's state, one call per step for all of them. Row
-    indices are the live rows' positions, renumbered when rows leave (:meth:`select`). :class:`PerRow` drafts row by
-    row with a drafter's forks; a kind that can draft every row in one pass (a head, a model) returns its own."""
+    indices are the live rows' positions, renumbered when rows leave (:meth:`select`). :class:`RowByRowDrafter` drafts
+    row by row with a drafter's forks; a kind that can draft every row in one pass (a head, a model) returns its own."""
 
     def reset(self, capacity: int | None = None) -> None:
         """Forget all state before a batch (``capacity``: as :meth:`Drafter.reset`)."""
         ...
 
-    def catch_up(self, tokens: list[list[int]], rows: list[int]) -> list[int]:
-        """:meth:`Drafter.catch_up` for each of ``rows`` (``tokens``: every live row's sequence): positions read."""
+    def ingest(self, tokens: list[list[int]], rows: list[int]) -> list[int]:
+        """:meth:`Drafter.ingest` for each of ``rows`` (``tokens``: every live row's sequence): positions read."""
         ...
 
     def propose(self, tokens: list[list[int]], budgets: list[int], samplers: list[Sampler]) -> list[Proposal]:
@@ -187,9 +187,9 @@ class Rows(Protocol):
         ...
 
 
-class PerRow:
-    """:class:`Rows` as one drafter per row (the first the drafter itself, the rest its forks), each asked in turn:
-    model-free kinds, whose proposals cost microseconds per row."""
+class RowByRowDrafter:
+    """:class:`BatchDrafter` as one drafter per row (the first the drafter itself, the rest its forks), each asked in
+    turn: model-free kinds, whose proposals cost microseconds per row."""
 
     def __init__(self, drafter: Drafter, count: int) -> None:
         self.drafters = [drafter] + [drafter.fork() for _ in range(count - 1)]
@@ -198,8 +198,8 @@ class PerRow:
         for drafter in self.drafters:
             drafter.reset(capacity)
 
-    def catch_up(self, tokens: list[list[int]], rows: list[int]) -> list[int]:
-        return [self.drafters[row].catch_up(tokens[row]) for row in rows]
+    def ingest(self, tokens: list[list[int]], rows: list[int]) -> list[int]:
+        return [self.drafters[row].ingest(tokens[row]) for row in rows]
 
     def propose(self, tokens: list[list[int]], budgets: list[int], samplers: list[Sampler]) -> list[Proposal]:
         return [drafter.propose(sequence, budget, sampler) if budget > 0 else drafter.see(sequence) or Proposal([])
@@ -222,7 +222,7 @@ FINAL = -1
 
 class DrafterBase:
     """The :class:`Drafter` defaults a draft kind subclasses: no model, no state (``reset`` does nothing, ``fork``
-    returns the drafter itself, ``catch_up`` reads nothing), no features read back (``taps = ()``) and chains only
+    returns the drafter itself, ``ingest`` reads nothing), no features read back (``taps = ()``) and chains only
     (``drafts_trees``). Set ``name``, implement ``propose``,
     and override the rest where they do not fit (a drafter with a KV cache resets and forks it)."""
 
@@ -234,7 +234,7 @@ class DrafterBase:
     def propose(self, tokens: list[int], num_tokens: int, sampler: Sampler) -> Proposal:
         raise NotImplementedError(f"{type(self).__name__} must implement propose(tokens, num_tokens, sampler)")
 
-    def catch_up(self, tokens: list[int]) -> int:
+    def ingest(self, tokens: list[int]) -> int:
         """Nothing to read ahead: ``propose`` reads what it needs."""
         return 0
 
@@ -259,6 +259,6 @@ class DrafterBase:
         """No state to report."""
         return {}
 
-    def rows(self, count: int) -> Rows:
-        """Row by row (:class:`PerRow`): a kind that drafts every row in one pass overrides this."""
-        return PerRow(self, count)
+    def batch_drafter(self, count: int) -> BatchDrafter:
+        """Row by row (:class:`RowByRowDrafter`): a kind that drafts every row in one pass overrides this."""
+        return RowByRowDrafter(self, count)

@@ -1,13 +1,13 @@
 """Static shapes for a whole run, and compiled steps (``static_cache=true`` / ``compile=true``).
 
-A :class:`StaticRuntime` is what one target keeps across the requests of a run: one ``StaticCache`` per batch
+A :class:`StaticCaches` is what one target keeps across the requests of a run: one ``StaticCache`` per batch
 bucket (rows rounded up to a power of two), allocated once at a capacity that only grows in steps of
 :data:`CAPACITY_STEP` positions and reused by every request, so no tensor changes address from request to request.
 With ``compile=true`` the target's decode and verification steps go through ``torch.compile`` (on a GPU
 ``mode="reduce-overhead"``: CUDA graphs) with the step's width and its attention's reach (the filled positions,
 rounded up to ``kv_cache.ATTEND_STEP``) dynamic: one graph for width 1 and one for every wider step serve the whole
 run per batch bucket (on a GPU, one CUDA graph per width and reach), and a third for token trees (their 4D mask, its
-width and reach dynamic too) where the draft drafts them. :meth:`StaticRuntime.warm_up` compiles and runs
+width and reach dynamic too) where the draft drafts them. :meth:`StaticCaches.warm_up` compiles and runs
 every width and reach the run can use before the first timed step, and reports the seconds apart. The prefill stays
 eager (its length changes with every prompt). Where compiling fails, one warning line says so and the step runs
 eagerly from then on: the output is the same.
@@ -84,7 +84,7 @@ class CompiledStep:
         return self.model(**inputs)
 
 
-class StaticRuntime:
+class StaticCaches:
     """One target's static caches (one per batch bucket, reused by every request) and, with ``compile``, its
     compiled step, warmed up at every (bucket, width) the run uses before any of them is timed."""
 
@@ -130,13 +130,13 @@ class StaticRuntime:
         return clock(device) - start
 
 
-class Runtimes:
+class StaticCachesByModel:
     """Each model's static runtimes (compiled or not), kept while the model lives: a run's requests share them."""
 
     def __init__(self) -> None:
-        self._kept: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {compile: StaticRuntime}
+        self._kept: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {compile: StaticCaches}
 
-    def get(self, model: torch.nn.Module, positions: int, compile: bool) -> StaticRuntime:
+    def get(self, model: torch.nn.Module, positions: int, compile: bool) -> StaticCaches:
         """``model``'s runtime (compiled or not, as asked) for requests of up to ``positions`` cached positions: the
         one it has when that holds them, else a new one of ``positions`` rounded up to :data:`CAPACITY_STEP`, which
         replaces it (so a run's requests share one shape, and its capacity only grows)."""
@@ -145,13 +145,13 @@ class Runtimes:
         if current is not None and current.capacity >= positions:
             return current
         capacity = -(-positions // CAPACITY_STEP) * CAPACITY_STEP
-        kept[compile] = fresh = StaticRuntime(model, capacity, compile)
+        kept[compile] = fresh = StaticCaches(model, capacity, compile)
         return fresh
 
 
-RUNTIMES = Runtimes()
+STATIC_CACHES = StaticCachesByModel()
 
 
-def runtime(model: torch.nn.Module, positions: int, compile: bool) -> StaticRuntime:
-    """:meth:`Runtimes.get` of the process's runtimes."""
-    return RUNTIMES.get(model, positions, compile)
+def static_caches(model: torch.nn.Module, positions: int, compile: bool) -> StaticCaches:
+    """:meth:`StaticCachesByModel.get` of the process's runtimes."""
+    return STATIC_CACHES.get(model, positions, compile)

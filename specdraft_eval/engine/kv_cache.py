@@ -111,7 +111,7 @@ def additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
-class Steer:
+class StepLayout:
     """A step's override of what its columns see and where they sit: ``visible`` ``[bucket, width, start]`` bool
     (which of the cache's columns each new column may attend to, within the rows' own real columns) and
     ``positions`` ``[bucket, width]`` (their position ids)."""
@@ -121,16 +121,16 @@ class Steer:
 
 
 @dataclass(frozen=True)
-class Mark:
+class CacheMark:
     """:meth:`BatchCache.mark`'s record: the columns then, and the rows' mask and lengths."""
 
     columns: int
     mask: torch.Tensor | None
     lengths: list[int]
 
-    def select(self, rows: list[int]) -> Mark:
+    def select(self, rows: list[int]) -> CacheMark:
         """The mark of the live ``rows`` only (after a growing cache's :meth:`BatchCache.select` between the two)."""
-        return Mark(self.columns, self.mask[rows] if self.mask is not None else None,
+        return CacheMark(self.columns, self.mask[rows] if self.mask is not None else None,
                     [self.lengths[row] for row in rows])
 
 
@@ -227,17 +227,17 @@ class RowLayout:
         self.always_masked = always_masked
 
     def inputs(self, tokens: list[list[int]], start: int, keys: int, model, trees: list[list[int]] | None,
-               widen: Callable[[torch.Tensor], torch.Tensor], steer: Steer | None = None
+               widen: Callable[[torch.Tensor], torch.Tensor], layout: StepLayout | None = None
                ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """One step's ``tokens`` (every row of the bucket's, dead ones empty) as the model's input ids, attention mask
         and position ids (None, None where no row needs them): shorter rows right-padded with masked columns;
         ``trees`` (per row, each new column's parent column, -1 for the first) attend to the row's past and their own
-        ancestors only, at position length + depth, as a 4D mask over ``keys`` positions; ``steer`` narrows what
+        ancestors only, at position length + depth, as a 4D mask over ``keys`` positions; ``layout`` narrows what
         each new column sees of the past and sets its positions (a draft's tree grown over several passes)."""
         device, width = model.device, max(len(row) for row in tokens)
         ids = torch.tensor([row + [0] * (width - len(row)) for row in tokens], dtype=torch.long, device=device)
         real = torch.tensor([[j < len(row) for j in range(width)] for row in tokens], device=device)  # [bucket, width]
-        if steer is not None and trees is None:
+        if layout is not None and trees is None:
             trees = [[-1] * width] * self.bucket  # the 4D form: columns see their past as steered, and themselves
         whole = all(len(row) == width for row in tokens)  # from the host's lists: no device read
         if self.mask is None and whole and trees is None and not self.always_masked:
@@ -252,8 +252,8 @@ class RowLayout:
             ancestors = _ancestors(trees, self.bucket, width, device)  # [bucket, width, width]
             offsets = ancestors.sum(-1) - 1  # each column's depth
             seen = past[:, None, :].expand(-1, width, -1)  # [bucket, width, start]
-            if steer is not None:
-                seen = seen & steer.visible
+            if layout is not None:
+                seen = seen & layout.visible
             attention = torch.cat([seen, ancestors & real[:, None, :]], dim=2)
             attention = torch.nn.functional.pad(attention, (0, keys - start - width))  # a compiled reach
             attention = additive(attention, model.dtype)  # [bucket, 1, width, keys]
@@ -261,7 +261,7 @@ class RowLayout:
             attention = widen(torch.cat([past, real], dim=1).long())  # [bucket, columns + width (or capacity + 1)]
         lengths = self.lengths + [0] * (self.bucket - len(self.lengths))
         position_ids = torch.tensor(lengths, device=device)[:, None] + offsets  # [bucket, width]
-        return ids, attention, steer.positions if steer is not None else position_ids
+        return ids, attention, layout.positions if layout is not None else position_ids
 
     def keep(self, kept: list[list[int]], columns: int, device) -> None:
         """Live row i kept its appended columns ``kept[i]`` of the last step (the cache now ends at the last column
@@ -357,10 +357,10 @@ class BatchCache:
         self.rows.always_masked = value
 
     def forward(self, model, tokens: list[list[int]], keep_logits: int, reach: int = 0,
-                trees: list[list[int]] | None = None, steer: Steer | None = None) -> torch.Tensor:
+                trees: list[list[int]] | None = None, layout: StepLayout | None = None) -> torch.Tensor:
         """Append each live row's ``tokens`` (rows may differ in length) and return the last ``keep_logits`` logits of
         each row's block, ``[rows, keep_logits, vocab]``. ``trees``: per row, a token tree's parent columns;
-        ``steer``: what the new columns see of the past and their positions (:meth:`RowLayout.inputs`). Follow with
+        ``layout``: what the new columns see of the past and their positions (:meth:`RowLayout.inputs`). Follow with
         :meth:`keep`. A compiled step attends over ``reach`` positions at least (:meth:`StaticStorage.reach`); a
         tree's mask spans the same."""
         live, width = len(tokens), max(len(row) for row in tokens)
@@ -371,7 +371,7 @@ class BatchCache:
                 raise SpecdecError(f"static KV cache of {self.capacity} positions is full: a bug, please report it")
         start = self.columns
         keys = self.storage.reach(start + width, self.step is not None, reach)  # what attention reads
-        ids, attention, position_ids = self.rows.inputs(tokens, start, keys, model, trees, self.storage.widen, steer)
+        ids, attention, position_ids = self.rows.inputs(tokens, start, keys, model, trees, self.storage.widen, layout)
         self.storage.attend(keys)
         logits = (self.step or model)(input_ids=ids, attention_mask=attention, position_ids=position_ids,
                                       cache=self.cache, use_cache=True,
@@ -394,14 +394,14 @@ class BatchCache:
         self.rows.keep(kept, self.columns, device)
         self.compact()
 
-    def mark(self) -> Mark:
+    def mark(self) -> CacheMark:
         """Where the cache stands, to :meth:`restore` after a draft's own passes (no compaction in between)."""
         mask = self.rows.mask.clone() if self.rows.mask is not None else None
         self._held = True
-        return Mark(self.columns, mask, list(self.rows.lengths))
+        return CacheMark(self.columns, mask, list(self.rows.lengths))
 
-    def restore(self, mark: Mark, kept: list[int] | None = None) -> None:
-        """Drop the columns appended since ``mark`` (of the same live rows: :meth:`Mark.select` follows rows that
+    def restore(self, mark: CacheMark, kept: list[int] | None = None) -> None:
+        """Drop the columns appended since ``mark`` (of the same live rows: :meth:`CacheMark.select` follows rows that
         left), but live row i's first ``kept[i]`` (a draft's chain: every column appended since is each drafting
         row's own, one per pass)."""
         most = max(kept, default=0) if kept else 0

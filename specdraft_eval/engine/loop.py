@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from specdraft_eval.engine import graphs, host
-from specdraft_eval.engine.drafter import Drafter, DrafterBase, Proposal, Rows
+from specdraft_eval.engine.drafter import BatchDrafter, Drafter, DrafterBase, Proposal
 from specdraft_eval.engine.gamma import GammaController
 from specdraft_eval.engine.kv_cache import BatchCache
 from specdraft_eval.engine.params import DecodeParams, FixedGamma, GammaPolicy, RunSettings, StopCheck, row_positions
@@ -112,12 +112,12 @@ class _Row:
     drafted: bool = False  # it has drafted before: catching up now is the cost of returning from γ = 0
 
 
-def _steps(target, cache: BatchCache, rows: list[_Row], drafters: Rows, params: DecodeParams,
+def _steps(target, cache: BatchCache, rows: list[_Row], drafters: BatchDrafter, params: DecodeParams,
            controller: GammaController | FixedGamma, tap: FeatureTap | None,
            steps_as_vllm: bool = False) -> tuple[list[_Row], GenerationStats]:
     """Draft every row (one call), verify all rows in one target pass, hand the draft the target's features of what
     each row kept, until every row has finished. Returns the finished rows and the batch's draft, draft prefill (a
-    draft catching up: :meth:`Drafter.catch_up`) and verification seconds and its verification passes."""
+    draft catching up: :meth:`Drafter.ingest`) and verification seconds and its verification passes."""
     device, eos, max_new_tokens = target.device, params.eos(target), params.max_new_tokens
     finished: list[_Row] = []
     clocked = GenerationStats()
@@ -133,7 +133,7 @@ def _steps(target, cache: BatchCache, rows: list[_Row], drafters: Rows, params: 
         catching_up, returning = 0.0, all(rows[i].drafted for i in behind)  # (not a prompt's prefill)
         if behind:
             start = clock(device)
-            for i, read in zip(behind, drafters.catch_up(tokens, behind), strict=True):
+            for i, read in zip(behind, drafters.ingest(tokens, behind), strict=True):
                 rows[i].stats.draft_prefill_tokens += read
             catching_up = clock(device) - start
         for row, budget in zip(rows, budgets, strict=True):
@@ -200,7 +200,7 @@ def _decode(target, draft: Drafter, prompts: list[list[int]], params: DecodePara
     start = clock(device)
     static = None
     if run.static_cache:  # one shape for the run: the target's runtime, grown only when a request needs more
-        static = graphs.runtime(target, max(longest, run.capacity or 0) + 1, run.compile)
+        static = graphs.static_caches(target, max(longest, run.capacity or 0) + 1, run.compile)
     tap = FeatureTap(target, draft.taps) if draft.taps else None
     try:
         cache = prefill(target, prompts, static.cache(len(prompts)) if static else None)
@@ -216,7 +216,7 @@ def _decode(target, draft: Drafter, prompts: list[list[int]], params: DecodePara
         compiles, reads = graphs.compiled_graphs(), host.reads()
         rows = [_Row(i, prompt, params.sampler(device, prompt, repeat), stop)
                 for i, (prompt, stop, repeat) in enumerate(zip(prompts, stops, repeats, strict=True))]
-        drafters = draft.rows(len(rows))
+        drafters = draft.batch_drafter(len(rows))
         drafters.reset(longest if run.static_cache else None)
         drafters.see([row.prompt for row in rows], list(range(len(rows))))
         for row in rows:

@@ -65,11 +65,11 @@ class FixedGamma:
 
 @dataclass(frozen=True)
 class GammaPolicy:
-    """γ for every step: ``num_draft_tokens`` (a chain's length, a tree's node budget), or ``dynamic``: chosen each
-    step by a :class:`~specdraft_eval.engine.gamma.GammaController` between 0 and 4×``num_draft_tokens``."""
+    """γ for every step: ``num_draft_tokens`` (a chain's length, a tree's node budget), or ``dynamic_gamma``:
+    chosen each step by a :class:`~specdraft_eval.engine.gamma.GammaController` between 0 and 4×``num_draft_tokens``."""
 
     num_draft_tokens: int = 4
-    dynamic: bool = False
+    dynamic_gamma: bool = False
 
     def __post_init__(self) -> None:
         gamma = self.num_draft_tokens
@@ -78,7 +78,8 @@ class GammaPolicy:
 
     def controller(self) -> GammaController | FixedGamma:
         """What chooses each step's γ (a dynamic one learns: share it across a run's requests)."""
-        return GammaController.around(self.num_draft_tokens) if self.dynamic else FixedGamma(self.num_draft_tokens)
+        gamma = self.num_draft_tokens
+        return GammaController.around(gamma) if self.dynamic_gamma else FixedGamma(gamma)
 
     @property
     def max_num_draft_tokens(self) -> int:
@@ -120,7 +121,7 @@ class RunSettings:
         ``num_draft_tokens``, ``dynamic_gamma``, ``static_cache``, ``compile``, ``capacity``."""
         run = run or cls()
         gamma = {name: settings.pop(key) for key, name in (("num_draft_tokens", "num_draft_tokens"),
-                                                          ("dynamic_gamma", "dynamic")) if key in settings}
+                                                          ("dynamic_gamma", "dynamic_gamma")) if key in settings}
         fields = {key: settings.pop(key) for key in ("static_cache", "compile", "capacity") if key in settings}
         if gamma:
             fields["gamma"] = replace(run.gamma, **gamma)

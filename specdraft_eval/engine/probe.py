@@ -2,7 +2,7 @@
 ``scripts/gpu_check.py`` measure, on the engine's own prefill, cache, verification, feature taps and clock.
 
 A :class:`StepProbe` prefills the target (on a growing cache, or a static runtime's, warmed up and compiled as a run
-would be), feeds every drafter what the engine feeds it (``reset``, the prefill's features, ``catch_up``), and then
+would be), feeds every drafter what the engine feeds it (``reset``, the prefill's features, ``ingest``), and then
 times what a speculative step is made of: a drafter's ``propose``, the verification of a proposal (rolled back
 after, as a rejected draft is), and the target's plain step that grows the sequence by its own token (whose
 features the drafters that read them ``observe``).
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 
 from specdraft_eval.engine.drafter import Drafter, Proposal
-from specdraft_eval.engine.graphs import StaticRuntime
+from specdraft_eval.engine.graphs import StaticCaches
 from specdraft_eval.engine.loop import prefill
 from specdraft_eval.engine.sampling import Sampler
 from specdraft_eval.engine.taps import FeatureTap
@@ -31,7 +31,7 @@ class StepProbe:
 
     @torch.inference_mode()
     def __init__(self, target, prompt: Sequence[int], drafters: Sequence[Drafter] = (),
-                 runtime: StaticRuntime | None = None, widths: range = range(1, 2)) -> None:
+                 runtime: StaticCaches | None = None, widths: range = range(1, 2)) -> None:
         self.target, self.tokens, self.sampler = target, list(prompt), Sampler()
         self.drafters = list(drafters)
         self.reading = [d for d in self.drafters if d.taps]  # heads fed the target's features of every kept position
@@ -60,11 +60,11 @@ class StepProbe:
             self.tap.close()
 
     @torch.inference_mode()
-    def catch_up(self, drafter: Drafter) -> float | None:
+    def ingest(self, drafter: Drafter) -> float | None:
         """Seconds per position of ``drafter``'s catch-up on the prompt (its prefill, as the engine times it), None
         where it read nothing."""
         start = clock(self.target.device)
-        read = drafter.catch_up(self.tokens)
+        read = drafter.ingest(self.tokens)
         return (clock(self.target.device) - start) / read if read else None
 
     @torch.inference_mode()

@@ -19,8 +19,8 @@ from specdraft_eval.engine.params import RunSettings
 from specdraft_eval.engine.session import Batch, Session
 from specdraft_eval.integration.autotune import IN_RUN_SHARE, RunTuner, candidate_set, contenders, most_contenders
 from specdraft_eval.integration.recommend import resolve_auto
-from specdraft_eval.measure.record import Runtime, Trial
 from specdraft_eval.models.targets import Target
+from specdraft_eval.results.record import Runtime, Trial
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class AutoRun:
                 reason += f"; too few {task} requests to tune on ({requests})"
             elif self._tune(task, requests, batch_size, run):
                 return
-        self._choose(task, Choice(found.draft, run.gamma.num_draft_tokens, run.gamma.dynamic, reason))
+        self._choose(task, Choice(found.draft, run.gamma.num_draft_tokens, run.gamma.dynamic_gamma, reason))
 
     def _tune(self, task: str, requests: int, batch_size: int, run: RunSettings) -> bool:
         """Start tuning ``task`` on its first requests; False when fewer than two contenders load here."""

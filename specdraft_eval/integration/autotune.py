@@ -26,9 +26,9 @@ from specdraft_eval.engine.drafter import Drafter
 from specdraft_eval.engine.params import GammaPolicy, RunSettings
 from specdraft_eval.engine.session import Alternation, Batch, Session
 from specdraft_eval.errors import SpecdecError, one_line
-from specdraft_eval.measure.record import Trial
 from specdraft_eval.measure.stats import GenerationStats
 from specdraft_eval.models.targets import Target
+from specdraft_eval.results.record import Trial
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ class Contender:
 
     @property
     def policy(self) -> GammaPolicy:
-        return GammaPolicy(self.candidate.gammas[0], dynamic=True)
+        return GammaPolicy(self.candidate.gammas[0], dynamic_gamma=True)
 
     @property
     def score(self) -> float:

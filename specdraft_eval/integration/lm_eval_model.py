@@ -27,12 +27,12 @@ from specdraft_eval.integration.model_args import SpecdecArgs, hf_arguments
 from specdraft_eval.integration.run_plan import RunPlan, cpu_batch_size
 from specdraft_eval.integration.task_groups import groups_of
 from specdraft_eval.integration.vllm_engine import VllmSession
-from specdraft_eval.measure import store
-from specdraft_eval.measure.record import SpecdecRecord
-from specdraft_eval.measure.report import table
 from specdraft_eval.models import kernels as kernel_paths
 from specdraft_eval.models.sharding import ranks_agree
 from specdraft_eval.models.targets import DEFAULT_TARGET, LoadSettings, Target
+from specdraft_eval.results import store
+from specdraft_eval.results.record import SpecdecRecord
+from specdraft_eval.results.report import table
 
 log = logging.getLogger(__name__)
 GENERATION_KEYS = {"do_sample", "temperature", "top_k", "top_p"}

@@ -96,10 +96,10 @@ class SpecdecArgs:
                   "static_cache": given.get("static_cache", False) or compiled}
         return cls(**given)
 
-    def run(self, gamma: int = DEFAULT_GAMMA, dynamic: bool = False) -> RunSettings:
-        """The run's engine settings: γ and dynamic γ as given, else ``gamma`` and ``dynamic`` (``auto``'s)."""
+    def run(self, gamma: int = DEFAULT_GAMMA, dynamic_gamma: bool = False) -> RunSettings:
+        """The run's engine settings: γ and dynamic γ as given, else ``gamma`` and ``dynamic_gamma`` (``auto``'s)."""
         policy = GammaPolicy(gamma if self.num_draft_tokens is None else self.num_draft_tokens,
-                             dynamic if self.dynamic_gamma is None else self.dynamic_gamma)
+                             dynamic_gamma if self.dynamic_gamma is None else self.dynamic_gamma)
         return RunSettings(policy, self.static_cache, self.compile)
 
 

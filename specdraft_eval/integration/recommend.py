@@ -1,8 +1,8 @@
 """``draft=auto``: the draft that measured fastest for a target, from results files (the one record).
 
-Candidates are the configurations (:class:`~specdraft_eval.measure.record.RunKey`) with baseline timing for the
+Candidates are the configurations (:class:`~specdraft_eval.results.record.RunKey`) with baseline timing for the
 target whose drafts load here (built-in kinds, or directories and files that exist), from this machine's results
-store (:mod:`specdraft_eval.measure.store`: the user's own ``lm_eval`` runs, ``zoo tune`` and ``zoo bench``) and the
+store (:mod:`specdraft_eval.results.store`: the user's own ``lm_eval`` runs, ``zoo tune`` and ``zoo bench``) and the
 published results. The score is the measured speedup on the task asked for, else the geometric mean over the tasks
 measured (a task nobody measured: the geometric mean, the reason saying so). Evidence, not source, ranks: the user's
 own measurement of a configuration (this machine's store) replaces the published figures of that configuration,
@@ -28,10 +28,10 @@ from specdraft_eval import published
 from specdraft_eval.drafts.spec import AUTO, DraftSpec, draft_kinds, replaced
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.files import RecordWarning
-from specdraft_eval.measure import store
 from specdraft_eval.measure.environment import hardware, versions
-from specdraft_eval.measure.record import Configuration, RunKey, Runtime, configurations, scan_results
 from specdraft_eval.models.targets import ALIASES, Target, runtime_of
+from specdraft_eval.results import store
+from specdraft_eval.results.record import Configuration, RunKey, Runtime, configurations, scan_results
 
 FALLBACK_DRAFT, FALLBACK_GAMMA = "prompt-lookup", 4  # with dynamic γ
 
@@ -145,7 +145,7 @@ def recommend(target: str, task: str | None = None, results: list[Path] | None =
               hardware: str | None = None, runtime: Runtime | None = None, batch_size: int = 1,
               own: list[Path] | None = None, engine: str = "specdec") -> Recommendation:
     """The fastest measured configuration for ``target`` that loads here, in the order the module docstring gives:
-    ``own`` results (default: this machine's store, :func:`specdraft_eval.measure.store.paths`) measured on
+    ``own`` results (default: this machine's store, :func:`specdraft_eval.results.store.paths`) measured on
     ``hardware`` (this machine's name, :func:`specdraft_eval.measure.environment.hardware`), today's code, then
     ``hardware``, ``runtime`` and ``batch_size``. ``results`` default: the published results
     (:mod:`specdraft_eval.published`). Only configurations measured in ``engine`` count (``vllm``: ``engine=vllm``'s):

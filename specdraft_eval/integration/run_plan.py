@@ -20,10 +20,10 @@ from specdraft_eval.integration.model_args import SpecdecArgs
 from specdraft_eval.integration.recommend import recommend
 from specdraft_eval.integration.vllm_engine import VllmRun, VllmSession, vllm_model_dir
 from specdraft_eval.measure.environment import ModelFacts, hardware
-from specdraft_eval.measure.profiles import default_profile_path, read_profile
-from specdraft_eval.measure.record import Runtime, SpecdecRecord
 from specdraft_eval.models import kernels as kernel_paths
 from specdraft_eval.models.targets import Target, runtime_of
+from specdraft_eval.results.profiles import default_profile_path, read_profile
+from specdraft_eval.results.record import Runtime, SpecdecRecord
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class RunPlan:
                                named=False)
         runtime = self.runtime
         return [SpecdecRecord.new(
-            target.name, session.drafter.name, session.run.gamma.num_draft_tokens, session.run.gamma.dynamic,
+            target.name, session.drafter.name, session.run.gamma.num_draft_tokens, session.run.gamma.dynamic_gamma,
             self.device, dict(session.stats), session.drafter.model,
             profile.latencies(session.drafter.name) if profile else None, session.divergences, runtime=runtime,
             use_kernels=args.use_kernels, score=args.score, batch_size=batch_size, tuning=trials,
@@ -109,7 +109,8 @@ class RunPlan:
         records = self.records(batch_size)
         if not records:  # draft=auto and nothing decoded
             run = self.args.run()
-            return SpecdecRecord.new(self.target.name, self.args.draft, run.gamma.num_draft_tokens, run.gamma.dynamic,
+            gamma = run.gamma
+            return SpecdecRecord.new(self.target.name, self.args.draft, gamma.num_draft_tokens, gamma.dynamic_gamma,
                                      self.device, {}, runtime=self.runtime)
         return SpecdecRecord.of_configurations(records, self.choices())
 

@@ -24,9 +24,9 @@ from specdraft_eval.engine.session import Alternation, Batch
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.integration.serving import canonical_name, speculative_config, stats_from_vllm, stats_of_requests
 from specdraft_eval.integration.vllm_server import Completion, ServeSettings, VllmServer, counter_difference
-from specdraft_eval.measure.record import Runtime
 from specdraft_eval.measure.stats import Divergence, GenerationStats
 from specdraft_eval.models.targets import local_dir, resolve
+from specdraft_eval.results.record import Runtime
 
 SPEC_COUNTERS = ("spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens",
                  "spec_decode_num_accepted_tokens_per_pos", "generation_tokens", "prompt_tokens", "request_success")

@@ -18,7 +18,7 @@ from typing import Any
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.files import atomic_output, cache_root
 from specdraft_eval.measure.environment import dtype_name
-from specdraft_eval.measure.record import Runtime
+from specdraft_eval.results.record import Runtime
 
 
 @dataclass(frozen=True)
@@ -188,7 +188,7 @@ class Target:
 
 
 def runtime_of(model, static_cache: bool = False, compile: bool = False) -> Runtime:
-    """The :class:`~specdraft_eval.measure.record.Runtime` of a loaded target ``model`` run with (or without) a
+    """The :class:`~specdraft_eval.results.record.Runtime` of a loaded target ``model`` run with (or without) a
     static cache and compiled steps: its dtype, kernels, attention backend and tensor-parallel degree."""
     from specdraft_eval.models.kernels import kernels_of
     from specdraft_eval.models.sharding import tensor_parallel

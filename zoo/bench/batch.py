@@ -25,14 +25,14 @@ from specdraft_eval.engine.loop import (
 from specdraft_eval.engine.params import DecodeParams, GammaPolicy, RunSettings
 from specdraft_eval.engine.session import Session
 from specdraft_eval.errors import SpecdecError
-from specdraft_eval.measure import store
 from specdraft_eval.measure.environment import ModelFacts, dtype_name, hardware
-from specdraft_eval.measure.profiles import Spread
-from specdraft_eval.measure.record import SpecdecRecord
 from specdraft_eval.measure.stats import GenerationStats
 from specdraft_eval.measure.timers import peak_memory_mb
 from specdraft_eval.models.kernels import distinct_weight_bytes
 from specdraft_eval.models.targets import LoadSettings, runtime_of
+from specdraft_eval.results import store
+from specdraft_eval.results.profiles import Spread
+from specdraft_eval.results.record import SpecdecRecord
 from zoo.bench.result import BenchPlan
 from zoo.progress import Tick, no_progress
 
@@ -124,7 +124,7 @@ def run_batch_study(target, tokenizer, drafters: list, prompts: list[str], batch
 
 
 def _label(policy: GammaPolicy) -> str:
-    return "dynamic" if policy.dynamic else str(policy.num_draft_tokens)
+    return "dynamic" if policy.dynamic_gamma else str(policy.num_draft_tokens)
 
 
 def _measure(target, drafter, run: RunSettings, ids: list[list[int]], expected: list[list[int]], size: int,
@@ -179,7 +179,7 @@ def study(target_name: str, drafts: list[str], prompts: list[str], plan: BenchPl
 
     def stored(drafter, policy: GammaPolicy, size: int, stats: GenerationStats) -> None:
         """Each configuration measured goes to this machine's results store, where draft=auto reads it first."""
-        record = SpecdecRecord.new(target_name, drafter.name, policy.num_draft_tokens, policy.dynamic,
+        record = SpecdecRecord.new(target_name, drafter.name, policy.num_draft_tokens, policy.dynamic_gamma,
                                    target.model.device, {task or "default": stats}, drafter.model,
                                    runtime=runtime_of(target.model), batch_size=size,
                                    kind_versions=kind_versions(drafter.name))

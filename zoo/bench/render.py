@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specdraft_eval.measure.profiles import Spread
+from specdraft_eval.results.profiles import Spread
 from zoo.bench.batch import BatchStudy
 from zoo.bench.result import BenchResult
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from specdraft_eval.errors import SpecdecError
-from specdraft_eval.measure.profiles import Spread
+from specdraft_eval.results.profiles import Spread
 
 SCHEMA_VERSION = 5  # 2: kernels, mismatched_prompts, vs_plain_assisted; 3: mismatch_logit_margins, numerics,
 # lossless, compile, the "specdraft plain" row and vs_ours_plain; the in-run "prediction" removed; 4: spreads carry n;

@@ -28,11 +28,11 @@ from specdraft_eval.engine import graphs
 from specdraft_eval.engine.drafter import Drafter
 from specdraft_eval.engine.gamma import GammaController
 from specdraft_eval.engine.loop import NoDraft, divergence, speculative_generate
-from specdraft_eval.measure.profiles import Spread
 from specdraft_eval.measure.stats import GenerationStats
 from specdraft_eval.measure.timers import ForwardTimer, clock, peak_memory_mb
 from specdraft_eval.models import kernels
 from specdraft_eval.models.targets import LoadSettings
+from specdraft_eval.results.profiles import Spread
 from zoo.bench.result import (
     ASSISTED,
     AUTOREGRESSIVE,

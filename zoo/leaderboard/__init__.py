@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from specdraft_eval.files import atomic_write
-from specdraft_eval.measure.profiles import Calibration
+from specdraft_eval.results.profiles import Calibration
 from zoo.leaderboard.figures import main_group, plots
 from zoo.leaderboard.findings import lm_findings
 from zoo.leaderboard.render import Page, csv_text, html_page, markdown

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import statistics
 
-from specdraft_eval.measure.profiles import Calibration
+from specdraft_eval.results.profiles import Calibration
 from zoo.leaderboard.findings import LmFinding
 from zoo.leaderboard.render import groups, rho_text, short_draft
 from zoo.leaderboard.rows import LeaderboardRow

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from tabulate import tabulate
 
-from specdraft_eval.measure.profiles import Calibration
-from specdraft_eval.measure.report import positions
+from specdraft_eval.results.profiles import Calibration
+from specdraft_eval.results.report import positions
 from zoo.leaderboard.findings import LmFinding
 from zoo.leaderboard.rows import COLUMNS, GROUPED, LeaderboardRow
 

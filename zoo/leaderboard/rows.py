@@ -9,14 +9,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from specdraft_eval.errors import SpecdecError
-from specdraft_eval.measure.profiles import Calibration, read_calibration_file
-from specdraft_eval.measure.record import (
+from specdraft_eval.results.profiles import Calibration, read_calibration_file
+from specdraft_eval.results.record import (
     Configuration,
     ResultsFile,
     configurations,
     scan_results,
 )
-from specdraft_eval.measure.report import positions
+from specdraft_eval.results.report import positions
 
 COLUMNS = [
     ("target", "target"), ("hardware", "hardware"), ("draft", "draft"), ("engine", "engine"), ("task", "task"),
@@ -58,7 +58,7 @@ def _day(date) -> str:
 
 @dataclass(frozen=True)
 class LeaderboardRow:
-    """One configuration (:class:`~specdraft_eval.measure.record.RunKey`) on one task, its runs merged: what every page,
+    """One configuration (:class:`~specdraft_eval.results.record.RunKey`) on one task, its runs merged: what every page,
     table and figure shows (:data:`COLUMNS`, plus the metric's name, acceptance per position as numbers and the
     target's own bits per byte)."""
 
@@ -163,7 +163,7 @@ def lm_scores(files: list[ResultsFile]) -> dict[tuple[str, str], float]:
     return {key: statistics.median(values) for key, values in found.items()}
 
 def collect(paths: list[Path]) -> list[LeaderboardRow]:
-    """The leaderboard's rows: one per configuration (:class:`~specdraft_eval.measure.record.RunKey`) and task,
+    """The leaderboard's rows: one per configuration (:class:`~specdraft_eval.results.record.RunKey`) and task,
     its runs merged. A run without baseline timing whose target is some row's draft measured that draft's own accuracy:
     it fills those rows' ``draft_accuracy`` instead of being a row itself; a scoring run (``*_lm`` tasks) fills
     ``draft_bits_per_byte`` (and ``target_bits_per_byte``, for the figures)."""

@@ -33,9 +33,10 @@ from specdraft_eval.drafts.eagle.module import (
     new_head,
 )
 from specdraft_eval.drafts.eagle.servers import TOKEN_MAP, server_differences
-from specdraft_eval.drafts.kind import SERVER_NAMES, Candidate, DraftKind, DraftShape
+from specdraft_eval.drafts.kind import SERVER_NAMES, Candidate, DraftKind
 from specdraft_eval.engine.drafter import static_tree
 from specdraft_eval.errors import SpecdecError
+from specdraft_eval.models.structure import KnownShape, ModelShape
 from specdraft_eval.models.targets import Target
 
 __all__ = ["EAGLE", "EAGLE3", "KIND", "EagleDrafter", "EagleHead", "EagleKind", "HeadLayout", "TreeShape",
@@ -80,7 +81,7 @@ class EagleKind(DraftKind):
         head = written if written.startswith(f"{self.name}:") else f"{self.name}:{written}"
         return (Candidate(f"{head}@2x4", (6,)), Candidate(head, (4,)))
 
-    def shape(self, value: HeadArg, target) -> DraftShape:
+    def shape(self, value: HeadArg, target: ModelShape, name: str) -> KnownShape:
         """One of the target's decoder layers, ``fc`` (2 or 3 target widths in), its output head (the head's
         vocabulary) and the target's embedding (one row read per token)."""
         variant, vocab = describe(value.where)
@@ -89,7 +90,7 @@ class EagleKind(DraftKind):
         per_layer = (target.parameters - target.embedding_parameters - target.vocab_size * hidden) / target.layers
         fc = (3 if variant == EAGLE3 else 2) * hidden * hidden
         parameters = per_layer + fc + vocab * hidden + target.embedding_parameters
-        return DraftShape(replace(target, layers=1, vocab_size=vocab, parameters=parameters),
+        return KnownShape(name, replace(target, layers=1, vocab_size=vocab, parameters=parameters),
                           "one layer at the target's width")
 
     def _served(self, where: str, server: str) -> tuple[str, str]:

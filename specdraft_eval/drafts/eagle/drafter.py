@@ -43,7 +43,8 @@ class TreeShape:
 class EagleDrafter(DrafterBase):
     """Drafts with an :class:`EagleHead`, a chain or (``tree``) EAGLE-2's dynamic tree. Its state (the target's
     features not yet fed to the head and the head's KV cache over (feature t, token t+1) pairs) lives in
-    :class:`EagleRows`: one row's here, a batch's in :meth:`rows`, where every row drafts in the same head passes."""
+    :class:`EagleBatchDrafter`: one row's here, a batch's in :meth:`batch_drafter`, where every row drafts in the
+    same head passes."""
 
     def __init__(self, head: EagleHead, target, name: str, token_ids: list[int] | None,
                  tree: TreeShape | None = None) -> None:
@@ -55,24 +56,24 @@ class EagleDrafter(DrafterBase):
         if head.lm_head is None:
             head.use_target_head(target, token_ids)
         kernels.apply(head, kernels.kernels_of(target))  # the head runs the target's kernels
-        self._alone = EagleRows(self, 1)
+        self._alone = EagleBatchDrafter(self, 1)
 
     def reset(self, capacity: int | None = None) -> None:
         self._alone.reset(capacity)
 
     def fork(self) -> EagleDrafter:
         twin = copy.copy(self)
-        twin._alone = EagleRows(twin, 1)
+        twin._alone = EagleBatchDrafter(twin, 1)
         return twin
 
-    def rows(self, count: int) -> EagleRows:
-        return EagleRows(self, count)
+    def batch_drafter(self, count: int) -> EagleBatchDrafter:
+        return EagleBatchDrafter(self, count)
 
     def observe(self, features: torch.Tensor) -> None:
         self._alone.observe(0, features)
 
-    def catch_up(self, tokens: list[int]) -> int:
-        return self._alone.catch_up([tokens], [0])[0]
+    def ingest(self, tokens: list[int]) -> int:
+        return self._alone.ingest([tokens], [0])[0]
 
     def propose(self, tokens: list[int], num_tokens: int, sampler: Sampler) -> Proposal:
         return self._alone.propose([tokens], [num_tokens], [sampler])[0]
@@ -98,10 +99,10 @@ class _HeadAsModel:
         return SimpleNamespace(logits=hidden)
 
 
-class EagleRows:
-    """:class:`~specdraft_eval.engine.drafter.Rows` for a head: every row's (feature, token) pairs in one batched KV
-    cache (holes where rows fed fewer), and every drafting row's next position in one head pass: one per drafted
-    token of a chain, one per depth of EAGLE-2's tree. The head's own passes are dropped after each draft (the
+class EagleBatchDrafter:
+    """:class:`~specdraft_eval.engine.drafter.BatchDrafter` for a head: every row's (feature, token) pairs in one
+    batched KV cache (holes where rows fed fewer), and every drafting row's next position in one head pass: one per
+    drafted token of a chain, one per depth of EAGLE-2's tree. The head's own passes are dropped after each draft (the
     target's features replace them)."""
 
     def __init__(self, drafter: EagleDrafter, count: int) -> None:
@@ -135,7 +136,7 @@ class EagleRows:
                                                         for values in (self.pending, self.seen, self.fed, self.last))
 
     def _pass(self, tokens: list[list[int]], features: list[torch.Tensor | None], own: bool, keep: list[int],
-              steer: kv_cache.Steer | None = None) -> torch.Tensor:
+              layout: kv_cache.StepLayout | None = None) -> torch.Tensor:
         """One head pass over every row's ``tokens`` (rows that feed nothing: []) with their ``features`` (``[n, F]``
         each), keeping each row's first ``keep[row]`` columns; the outputs ``[rows, width, H]``."""
         width = max(map(len, tokens))
@@ -146,7 +147,7 @@ class EagleRows:
             if rows_features is not None:
                 padded[row, : len(rows_features)] = rows_features
         self.step.features, self.step.own = padded, own
-        hidden = self.cache.forward(self.step, tokens, width, steer=steer)  # [rows, width, H]
+        hidden = self.cache.forward(self.step, tokens, width, layout=layout)  # [rows, width, H]
         self.cache.keep([list(range(n)) for n in keep])
         return hidden
 
@@ -169,7 +170,7 @@ class EagleRows:
                     self.last[row], self.fed[row] = hidden[row, count - 1], self.fed[row] + count
         return [counts[row] for row in rows]
 
-    def catch_up(self, tokens: list[list[int]], rows: list[int]) -> list[int]:
+    def ingest(self, tokens: list[list[int]], rows: list[int]) -> list[int]:
         return self._feed(rows, [tokens[row] for row in rows], [self.seen[row] - 1 for row in rows])
 
     def propose(self, tokens: list[list[int]], budgets: list[int], samplers: list[Sampler]) -> list[Proposal]:
@@ -246,16 +247,16 @@ class EagleRows:
             if not any(frontiers):
                 break
             columns = self.cache.columns
-            steer = self._steer(drafting, trees, frontiers, depth, start, max(map(len, feeding)))
-            out = self._pass(feeding, features, own=True, keep=[len(f) for f in feeding], steer=steer)
+            layout = self._layout(drafting, trees, frontiers, depth, start, max(map(len, feeding)))
+            out = self._pass(feeding, features, own=True, keep=[len(f) for f in feeding], layout=layout)
             for j, row in enumerate(drafting):
                 for slot, node in enumerate(frontiers[j]):
                     trees[j].column[node] = columns + slot
             hidden = torch.cat([out[row, : len(frontiers[j])] for j, row in enumerate(drafting)])
         return [tree.proposal(budgets[row]) for tree, row in zip(trees, drafting, strict=True)]
 
-    def _steer(self, drafting: list[int], trees: list[_Growing], frontiers: list[list[int]], depth: int, start: int,
-               width: int) -> kv_cache.Steer:
+    def _layout(self, drafting: list[int], trees: list[_Growing], frontiers: list[list[int]], depth: int, start: int,
+               width: int) -> kv_cache.StepLayout:
         """What each frontier node sees (its row's committed pairs before column ``start``, then its ancestors among
         the tree's fed nodes) and its position (its row's next position plus ``depth``)."""
         device = self.drafter.embed.weight.device
@@ -268,7 +269,7 @@ class EagleRows:
                     visible[row, slot, trees[j].column[parent]] = True
                     parent = trees[j].parents[parent]
         positions = torch.tensor([self.seen[row] + depth for row in range(self.count)], device=device)
-        return kv_cache.Steer(visible.to(device), positions[:, None].expand(-1, width))
+        return kv_cache.StepLayout(visible.to(device), positions[:, None].expand(-1, width))
 
 
 class _Growing:

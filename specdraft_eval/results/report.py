@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from tabulate import tabulate
 
-from specdraft_eval.measure.record import SpecdecRecord
 from specdraft_eval.measure.stats import GenerationStats
+from specdraft_eval.results.record import SpecdecRecord
 
 TABLE_COLUMNS = [
     ("task", "task"),

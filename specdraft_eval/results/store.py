@@ -20,7 +20,7 @@ from pathlib import Path
 
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.files import RecordError, RecordWarning, cache_root, check_version, load_json, write_json
-from specdraft_eval.measure.record import ResultsFile, SpecdecRecord, read_results
+from specdraft_eval.results.record import ResultsFile, SpecdecRecord, read_results
 
 STORE_VERSION = 1
 ORIGINS = ("lm_eval", "zoo tune", "zoo bench")
