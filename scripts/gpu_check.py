@@ -136,7 +136,7 @@ class Check:
 
 def step_latency(check: Check) -> None:
     """Part 1: ms per batch-1 step by shape, interleaved rounds after a warm-up per shape."""
-    from zoo.timing import context_tokens, engine_latency
+    from zoo.measure.timing import context_tokens, engine_latency
 
     shapes = [(f"depth {n}", n, 4096, 11008, 32, 32) for n in DEPTHS]
     shapes += [(f"width {w}", 4, w, int(w * 2.6875), w // 128, w // 128) for w in WIDTHS if w != 4096]
@@ -167,7 +167,7 @@ def step_latency(check: Check) -> None:
 def verify_cost(check: Check) -> None:
     """Part 2: ms to verify k = 0..64 draft tokens on the 7B shape, as a chain and as an EAGLE-2-like token tree
     (the engine's 4D ancestor mask), at contexts 128 and 1024 (rows: k up to 8, then 16, 32, 64)."""
-    from zoo.timing import context_tokens, engine_latency
+    from zoo.measure.timing import context_tokens, engine_latency
 
     target, rows = check.target(), []
     for shape in ("chain", "tree"):
@@ -188,8 +188,8 @@ def bench(check: Check) -> None:
     from specdraft_eval.drafts import load_draft
     from specdraft_eval.errors import SpecdecError
     from specdraft_eval.integration.offline_data import task_prompts
-    from zoo.bench.result import BenchPlan, check_lossless
-    from zoo.bench.run import run_bench
+    from zoo.measure.bench.result import BenchPlan, check_lossless
+    from zoo.measure.bench.run import run_bench
 
     target = check.target()
     prompts = task_prompts("specdec_humaneval")[:3] + task_prompts("specdec_mmlu_cot")[:1]
@@ -290,7 +290,7 @@ def steady_steps(check: Check) -> None:
     from specdraft_eval.engine import graphs
     from specdraft_eval.engine.drafter import Proposal
     from specdraft_eval.engine.probe import StepProbe
-    from zoo.timing import context_tokens
+    from zoo.measure.timing import context_tokens
 
     target, steps = check.target(), check.args.steady_steps
     runtimes = {"eager": (False, False), "static cache": (True, False), "compiled": (True, True)}
@@ -329,8 +329,8 @@ def batch_sweep(check: Check) -> None:
     from specdraft_eval.engine.params import GammaPolicy
     from specdraft_eval.integration.offline_data import task_prompts
     from specdraft_eval.models.targets import Target
-    from zoo.bench.batch import run_batch_study
-    from zoo.bench.result import BenchPlan
+    from zoo.measure.bench.batch import run_batch_study
+    from zoo.measure.bench.result import BenchPlan
 
     target, sizes = check.target(), (1, 2, 4) if check.small else (1, 4, 16, 64)
     drafters = [EagleDrafter(new_head(target), target, "eagle-head", None),
@@ -353,7 +353,7 @@ def write_sweep(check: Check, rows: list[dict]) -> None:
     them), which ``zoo leaderboard`` plots as latency against depth and width when it lies beside the results."""
     from specdraft_eval.errors import SpecdecError
     from specdraft_eval.results.profiles import SweepRow
-    from zoo.latency_model import fit_sweep
+    from zoo.measure.latency_model import fit_sweep
 
     sweep = [SweepRow(r["shape"].split()[0] if r["shape"].split()[0] in ("depth", "width") else "named", r["layers"],
                       r["hidden_size"], r["weight_bytes"], r["ms_median"], r["ms_min"], r["ms_max"], shape=r["shape"])

@@ -13,7 +13,7 @@ import json, sys
 from pathlib import Path
 
 from specdraft_eval.drafts.medusa import read_heads
-from zoo.train_head import save_medusa
+from zoo.build.train_head import save_medusa
 
 heads, config = read_heads(Path(sys.argv[1]))
 ids = json.loads(Path("leaderboard/drafts/smollm2-eagle/eagle.json").read_text())["token_ids"]

@@ -11,7 +11,7 @@ import json, sys
 from pathlib import Path
 
 from specdraft_eval.models.targets import LoadSettings
-from zoo.train_head import HeadTraining, train_head
+from zoo.build.train_head import HeadTraining, train_head
 
 settings = HeadTraining(kind="medusa", medusa_heads=4, steps=600, batch_size=4, window=128, max_prompts=120)
 result = train_head("smollm2-135m-instruct", Path(sys.argv[1]), settings, LoadSettings.of("cpu", "float32", "plain"),

@@ -3,7 +3,7 @@ autoregressive step, per kernel path.
 
 Both kernel paths are loaded in one process and every (kernels, shape, k) is timed interleaved (k = 0 is the
 autoregressive step: one token on top of the cache), so the ratios compare like with like on a noisy machine.
-A tree is EAGLE-2-like (top-4, 6 deep: ``zoo.timing.filler``) and runs the engine's tree path (a 4D ancestor
+A tree is EAGLE-2-like (top-4, 6 deep: ``zoo.measure.timing.filler``) and runs the engine's tree path (a 4D ancestor
 mask, positions by depth). Usage:
 
     python scripts/verify_cost.py [--target smollm2-135m-instruct] [--context 106] [--repeats 15] [--ks 0,1,2,4,8]
@@ -25,7 +25,7 @@ from specdraft_eval.measure.environment import hardware
 from specdraft_eval.measure.timers import clock
 from specdraft_eval.models import kernels
 from specdraft_eval.models.targets import load_target
-from zoo.timing import filler
+from zoo.measure.timing import filler
 
 KS = "0,1,2,4,8,16,32,64"
 SHAPES = ("chain", "tree")

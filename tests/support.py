@@ -40,7 +40,7 @@ from specdraft_eval.engine.params import StopCheck, first_stop
 from specdraft_eval.engine.sampling import Sampler
 from specdraft_eval.measure.stats import GenerationStats
 from specdraft_eval.results.record import Runtime, SpecdecRecord
-from zoo.train_head import save_head
+from zoo.build.train_head import save_head
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

@@ -173,7 +173,7 @@ def test_zoo_tune_finds_catalog_drafts_in_the_hf_cache(tmp_path, monkeypatch):
     snapshots/REV/) becomes a contender by hub id; the target itself and drafts not downloaded do not."""
     import huggingface_hub.constants as hub
 
-    from zoo.tune import cached_catalog_drafts
+    from zoo.measure.tune import cached_catalog_drafts
 
     monkeypatch.setattr(hub, "HF_HUB_CACHE", str(tmp_path))
     for repo in ("HuggingFaceTB/SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-360M-Instruct"):
@@ -237,7 +237,7 @@ def test_zoo_tune_alternates_which_side_decodes_a_batch_first(tiny, monkeypatch)
     from specdraft_eval.engine.session import Session
     from specdraft_eval.integration.autotune import contenders
     from specdraft_eval.models.targets import Target
-    from zoo import tune
+    from zoo.measure import tune
 
     order = []
     for module, name in ((tune, "autoregressive_generate_batch"), (session_module, "speculative_generate_batch")):

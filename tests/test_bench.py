@@ -11,10 +11,10 @@ from support import run_cli
 from specdraft_eval import load_draft, load_target
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.results.profiles import Spread
-from zoo.bench import render
-from zoo.bench import result as bench_result
-from zoo.bench import run as bench_run
-from zoo.prompts import load_prompts
+from zoo.measure.bench import render
+from zoo.measure.bench import result as bench_result
+from zoo.measure.bench import run as bench_run
+from zoo.measure.prompts import load_prompts
 
 WORDS = ["<unk>", "</s>", *[f"w{i}" for i in range(62)]]
 
@@ -202,7 +202,7 @@ def test_reduced_precision_near_ties_are_numerics_and_everything_else_fails():
 def test_batch_study_cli_json_and_table(tiny, prompts_file):
     """``zoo bench --batch-size``: a row per draft and batch size, spreads as median/min/max/n, the largest batch
     that paid, and the table, from the typed study."""
-    from zoo.bench.batch import SCHEMA_VERSION
+    from zoo.measure.bench.batch import SCHEMA_VERSION
 
     args = ["zoo", "bench", "--target", str(tiny), "--prompts", str(prompts_file), "--limit", "2", "--repeats", "1",
             "--max-new-tokens", "6", "--batch-size", "1,2"]

@@ -14,7 +14,7 @@ from support import ROOT, assert_one_line_error, run_cli, zoo_json
 
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.models.targets import LoadSettings, load_target
-from zoo.bench.result import NEAR_TIE_LOGIT_MARGIN
+from zoo.measure.bench.result import NEAR_TIE_LOGIT_MARGIN
 
 
 def commands(tiny: Path, tmp: Path) -> dict[str, list[str]]:

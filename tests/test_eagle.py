@@ -23,7 +23,7 @@ from specdraft_eval.engine.drafter import FINAL
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.integration.serving import speculative_config
 from specdraft_eval.models.targets import LoadSettings, Target
-from zoo.train_head import HeadTraining, save_head, train_head
+from zoo.build.train_head import HeadTraining, save_head, train_head
 
 TARGET_LAYERS = 6  # the `target` and `tiny` fixtures' depth
 
@@ -102,7 +102,7 @@ def test_our_head_directory_parses_as_its_kind(tmp_path, target):
 def test_vllm_mapping(tmp_path, target):
     """Our heads carry an fc bias and a reduced vocabulary vLLM's eagle reader would not read: mapped only once
     exported (`zoo export`), as an absolute path."""
-    from zoo.export import export_head
+    from zoo.build.export import export_head
 
     head, head3 = eagle_dir(tmp_path, target), eagle3_dir(tmp_path, target)
     with pytest.raises(SpecdecError, match=r"an fc bias its eagle reader drops.*zoo export"):
@@ -220,7 +220,7 @@ def test_train_head_cli(tmp_path, tiny):
 
 def test_rank_shapes_a_head_as_one_layer_with_its_vocabulary(tmp_path, target):
     from specdraft_eval.models.structure import shape_from_config
-    from zoo.shapes import draft_shape
+    from zoo.measure.shapes import draft_shape
 
     shape = shape_from_config(target.config)
     reduced = draft_shape(f"eagle:{eagle_dir(tmp_path, target, list(range(0, 64, 4)))}", shape)
@@ -232,7 +232,7 @@ def test_rank_shapes_a_head_as_one_layer_with_its_vocabulary(tmp_path, target):
 def test_training_features_are_the_teacher_forced_ones(tiny):
     """Features recorded while generating (prefill + each decoding step, left-padded batch) equal one
     teacher-forced pass over the same tokens (up to their float16 storage)."""
-    from zoo.train_head import generations
+    from zoo.build.train_head import generations
 
     loaded = LoadSettings().load(str(tiny))
     target, tokenizer = loaded.model, loaded.tokenizer
@@ -249,7 +249,7 @@ def test_training_features_are_the_teacher_forced_ones(tiny):
 def test_text_is_read_teacher_forced_at_the_heads_taps(tmp_path, tiny):
     """--text: files joined by EOS, cut into --context sequences up to --text-tokens, each with the features one
     teacher-forced pass gives at the taps (layer inputs, then the final hidden state); bad settings: one line."""
-    from zoo.train_head import teacher_forced
+    from zoo.build.train_head import teacher_forced
 
     loaded = LoadSettings().load(str(tiny))
     target, tokenizer = loaded.model, loaded.tokenizer
@@ -275,7 +275,7 @@ def test_text_is_read_teacher_forced_at_the_heads_taps(tmp_path, tiny):
 
 def test_profile_times_a_head_fed_as_the_engine_feeds_it(tmp_path, target):
     from specdraft_eval.drafts.prompt_lookup import PromptLookupDrafter
-    from zoo.timing import engine_latency
+    from zoo.measure.timing import engine_latency
 
     head = KIND.load(str(eagle_dir(tmp_path, target)), Target(target, None))
     verify, drafts = engine_latency(target, [head, PromptLookupDrafter()], [1, 3], [list(range(2, 20))], 3)
@@ -310,7 +310,7 @@ def test_eagle3_training_unrolls_what_the_drafter_computes(monkeypatch, masked):
     """The training-time test: each unrolled step's hidden state at index t equals, to float precision, the one the
     drafter computes at that depth after the target's features up to t (same attention, positions and inputs).
     Negative control: later steps that also see their own step's earlier keys (plain causal unrolling) differ."""
-    import zoo.train_head as training
+    import zoo.build.train_head as training
     from specdraft_eval.drafts.eagle import EagleDrafter, new_eagle3_head
     from specdraft_eval.engine.sampling import Sampler
 

@@ -358,7 +358,7 @@ def test_an_eagle1_export_is_what_vllm_reads_and_drafts_the_same_tokens(tmp_path
     """vLLM's llama_eagle has no fc bias and takes attention biases from config attention_bias/bias: the export folds
     the bias into them exactly, so the exported head drafts the original's tokens; serving maps only the export."""
     from specdraft_eval.integration.serving import speculative_config
-    from zoo.export import export_head
+    from zoo.build.export import export_head
 
     for qkv_bias in (False, True):
         original = write_eagle1(tmp_path / f"eagle1-{qkv_bias}", target, qkv_bias=qkv_bias)
@@ -378,7 +378,7 @@ def test_an_eagle1_export_is_what_vllm_reads_and_drafts_the_same_tokens(tmp_path
 def test_an_eagle3_export_carries_what_vllm_validates(tmp_path, target):
     """speculators' config with the proposal method vLLM requires, norm_before_residual and ascending taps written
     out (the EAGLE repository's midlayer layout converted): the same tokens under our loader."""
-    from zoo.export import export_head
+    from zoo.build.export import export_head
 
     for midlayer in (False, True):
         original = write_eagle3(tmp_path / f"head-{midlayer}", midlayer=midlayer, taps=[4, 1, 3])
@@ -445,7 +445,7 @@ def test_an_eagle3_export_for_sglang_is_what_its_reader_reads_and_drafts_the_sam
     """Every key the export writes is one SGLang's loader reads, its taps (eagle_config ids + 1) are the head's,
     and SGLang's forward (one midlayer, the residual before hidden_norm) on the exported weights drafts the tokens
     our loader drafts from the original; vLLM's reading of the same files (top-level ids as layer inputs) agrees."""
-    from zoo.export import export_head
+    from zoo.build.export import export_head
 
     original = write_eagle3(tmp_path / "head", midlayer=True, taps=[4, 1, 3])
     result = export_head(original, "sglang", tmp_path / "sglang")
@@ -472,7 +472,7 @@ def test_an_eagle3_export_for_sglang_is_what_its_reader_reads_and_drafts_the_sam
     (dict(norm_before_residual=False, norm_before_fc=True), "a norm before fc"),
 ])
 def test_heads_sglang_cannot_run_as_trained_are_refused_in_one_line(tmp_path, target, change, message):
-    from zoo.export import export_head
+    from zoo.build.export import export_head
 
     with pytest.raises(SpecdecError, match=f"SGLang's EAGLE-3 reader cannot run head .*{message}.*--to vllm"):
         export_head(write_eagle3(tmp_path / "head", **change), "sglang", tmp_path / "out")
@@ -485,7 +485,7 @@ def test_an_eagle1_export_for_sglang_is_what_its_reader_reads_and_drafts_the_sam
     a reduced vocabulary only through --speculative-token-map: the exported head read that way drafts our tokens."""
     from support import eagle_dir
 
-    from zoo.export import export_head
+    from zoo.build.export import export_head
 
     hot = [0, 2, 3, 7, 9, 11, 20, 31, 40, 63]
     for name, original in (("repo", write_eagle1(tmp_path / "repo", target)),
@@ -509,7 +509,7 @@ def test_qwen3_layer_heads_load_here_and_are_refused_by_the_servers_exports(tmp_
     """Neither vLLM's nor SGLang's EAGLE-3 reader has q/k norms: the mapping names the difference, and both exports
     refuse in one line, writing nothing."""
     from specdraft_eval.drafts.eagle import server_differences
-    from zoo.export import export_head
+    from zoo.build.export import export_head
 
     head = write_eagle3(tmp_path / "head", family="qwen3", norm_before_residual=False)
     assert "q/k norms" in server_differences(str(head), "vllm")

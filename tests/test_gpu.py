@@ -18,7 +18,7 @@ from specdraft_eval.engine.loop import (
     speculative_generate_batch,
 )
 from specdraft_eval.models.targets import Target
-from zoo.bench.result import NEAR_TIE_LOGIT_MARGIN
+from zoo.measure.bench.result import NEAR_TIE_LOGIT_MARGIN
 
 pytestmark = pytest.mark.gpu
 

@@ -10,9 +10,9 @@ from support import assert_one_line_error, run_cli
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.models.structure import ModelShape, shape_from_config
 from specdraft_eval.results.profiles import SweepRow
-from zoo import latency_model
-from zoo.latency_model import fit_sweep, forward_seconds
-from zoo.shapes import draft_shape, model_shape
+from zoo.measure import latency_model
+from zoo.measure.latency_model import fit_sweep, forward_seconds
+from zoo.measure.shapes import draft_shape, model_shape
 
 A100 = latency_model.accelerator("a100-80gb")
 
@@ -185,7 +185,7 @@ def test_rank_h200_on_the_catalogs_llama_shapes_reproduces_the_measured_figures(
 
 
 def test_a_tree_is_drafted_in_one_pass_per_depth_and_verified_at_its_width():
-    from zoo.rank import Candidate, rank, tree_depth
+    from zoo.measure.rank import Candidate, rank, tree_depth
 
     head = "eagle:leaderboard/drafts/smollm2-eagle"
     assert tree_depth(f"{head}@4x5") == 5 and tree_depth(head) is None

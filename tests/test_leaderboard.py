@@ -208,7 +208,7 @@ def test_one_row_per_configuration_runs_merged(results, tmp_path):
     """A rerun of a configuration (or an `auto` run that resolved to it) adds a run to its row, not a row: counters
     summed, speedup the median with min and max over runs, the number of runs shown."""
     from specdraft_eval.results.record import scan_results
-    from zoo.leaderboard.rows import collect
+    from zoo.report.leaderboard.rows import collect
 
     for scale in (2.0, 4.0):  # two more runs of prompt-lookup:3, faster each time
         write_result(results / f"rerun-{scale}", "prompt-lookup:3", scale)
@@ -239,7 +239,7 @@ def test_runs_of_another_runtime_are_another_row_and_never_merge(tmp_path, other
     """Runs alike but for the dtype, the kernels, compiled steps or the attention backend: two rows each (one per
     task), every figure their own, and the records refuse to merge."""
     from specdraft_eval.results.record import read_results
-    from zoo.leaderboard.rows import collect
+    from zoo.report.leaderboard.rows import collect
 
     first = write_result(tmp_path / "a", "prompt-lookup:3", 1.0, runtime=EAGER)
     second = write_result(tmp_path / "b", "prompt-lookup:3", 3.0, runtime=other)
@@ -267,7 +267,7 @@ def write_score(folder: Path, model: str, bits: dict[str, float], as_draft: bool
 def test_rank_correlation_is_spearmans_with_ties():
     from scipy.stats import spearmanr
 
-    from zoo.leaderboard.findings import rank_correlation
+    from zoo.report.leaderboard.findings import rank_correlation
 
     xs, ys = [3.0, 1.0, 2.0, 2.0, 5.0, 0.5], [1.0, 1.5, 1.0, 2.0, 1.0, 3.0]
     assert rank_correlation(xs, ys) == pytest.approx(spearmanr(xs, ys).statistic)
@@ -312,7 +312,7 @@ def test_latency_sweeps_beside_the_results_are_a_table_and_a_figure(results, tmp
     (a choice in the page's hardware filter) and the latency-vs-depth-and-width figure."""
     from specdraft_eval.files import write_json
     from specdraft_eval.results.profiles import SweepRow
-    from zoo.latency_model import fit_sweep
+    from zoo.measure.latency_model import fit_sweep
 
     rows = [SweepRow(group, layers, hidden, layers * hidden * hidden * 24, 1.0 + 0.6 * layers + hidden / 8192, 0.9,
                      30.0)

@@ -129,7 +129,7 @@ def test_train_head_kind_medusa_learns_and_its_heads_load_and_stay_lossless(tmp_
     from support import SMALL, prompts_file, save_tiny
 
     from specdraft_eval.models.targets import LoadSettings
-    from zoo.train_head import HeadTraining, train_head
+    from zoo.build.train_head import HeadTraining, train_head
 
     tiny = save_tiny(tmp_path / "tiny", layers=4)
     settings = HeadTraining(str(prompts_file(tmp_path)), steps=250, kind="medusa", medusa_heads=2, **SMALL)
@@ -165,7 +165,7 @@ def test_saving_medusa_heads_with_a_vocabulary_keeps_those_tokens_rows(tmp_path,
     from safetensors.torch import load_file
 
     from specdraft_eval.drafts.medusa import read_heads
-    from zoo.train_head import save_medusa
+    from zoo.build.train_head import save_medusa
 
     original = write_medusa(tmp_path / "heads", target)
     heads, _ = read_heads(original)
@@ -272,7 +272,7 @@ def test_vllms_reduced_vocabulary_and_shared_head_draft_what_vllm_computes(tmp_p
     writes the same heads back in vLLM's layout, map included."""
     from safetensors.torch import load_file
 
-    from zoo.export import export_head
+    from zoo.build.export import export_head
 
     path = write_vllm_medusa(tmp_path / "heads", target, truncated, full_rows, shared)
     state, config = load_file(str(path / "model.safetensors")), json.loads((path / "config.json").read_text())
@@ -323,7 +323,7 @@ def test_a_vllm_export_is_what_vllms_medusa_reads_and_drafts_the_same_chain(tmp_
     from safetensors.torch import load_file
 
     from specdraft_eval.integration.serving import speculative_config
-    from zoo.export import export_head
+    from zoo.build.export import export_head
 
     original = write_medusa(tmp_path / "heads", target, layers=layers)
     with pytest.raises(SpecdecError, match="zoo export .* --to vllm"):
@@ -352,7 +352,7 @@ def test_a_vllm_export_is_what_vllms_medusa_reads_and_drafts_the_same_chain(tmp_
 
 def test_profile_times_medusa_heads_and_counts_their_weights(tmp_path, target):
     """zoo profile on Medusa heads (no attention, so no KV cache): timed, their weights counted."""
-    from zoo.timing import engine_latency
+    from zoo.measure.timing import engine_latency
 
     draft = load_draft(f"medusa:{write_medusa(tmp_path / 'heads', target)}@1", Target(target, None))
     _, drafts = engine_latency(target, [draft], [1, 3], [list(range(2, 20))], 3)

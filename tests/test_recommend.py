@@ -146,12 +146,12 @@ def test_lm_eval_model_resolves_auto(tmp_path, monkeypatch):
 
 
 def test_zoo_and_lm_eval_resolve_auto_through_the_same_rule(tmp_path, monkeypatch):
-    """One rule in one place: ``zoo``'s loading (``zoo.loading.load_one``) and ``lm_eval``'s plan of a run
+    """One rule in one place: ``zoo``'s loading (``zoo.measure.loading.load_one``) and ``lm_eval``'s plan of a run
     (``AutoRun.start``) both reach ``recommend.recommend`` through ``resolve_auto``, the same target name, hardware
     and runtime; zoo asks across tasks at batch 1, lm_eval per task at its batch size (and applies γ)."""
     from specdraft_eval import load_target
     from specdraft_eval.integration import lm_eval_model
-    from zoo.loading import load_one
+    from zoo.measure.loading import load_one
 
     tiny = save_tiny(tmp_path / "tiny")
     asked = asked_for_auto(monkeypatch, dynamic=False)
@@ -255,7 +255,7 @@ def test_zoo_rank_takes_tar_from_this_machines_results_first(tmp_path, monkeypat
     the user's, and its source says so; without a store entry, the published one."""
     from specdraft_eval.results import store
     from specdraft_eval.results.record import read_results, scan_results
-    from zoo.rank import tar_from_results
+    from zoo.measure.rank import tar_from_results
 
     published, _ = _published_and_own(tmp_path, monkeypatch)
     write_result(published, "prompt-lookup:3", 1.0, accepted=12)

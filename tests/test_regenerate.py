@@ -19,9 +19,9 @@ from specdraft_eval import autoregressive_generate
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.integration.offline_data import task_prompts
 from specdraft_eval.models.targets import LoadSettings
-from zoo.held_in import HELD_OUT, held_in_prompts
-from zoo.regenerate import PROVENANCE, Regeneration, read_rows, regenerate
-from zoo.train_head import HeadTraining, forced_features, train_head
+from zoo.build.held_in import HELD_OUT, held_in_prompts
+from zoo.build.regenerate import PROVENANCE, Regeneration, read_rows, regenerate
+from zoo.build.train_head import HeadTraining, forced_features, train_head
 
 TARGET_LAYERS = 6  # the `target` and `tiny` fixtures' depth
 
@@ -64,8 +64,8 @@ def test_a_users_file_with_an_evaluation_document_is_refused(tmp_path):
 def test_any_long_window_of_an_evaluation_document_is_refused_by_every_builder(tmp_path, task, index):
     """Not only a document's end: its middle, re-spaced and cut by a blank line, is found in a prompt file, a
     calibration file or text (zoo prune) and a training text (train-head --text); held-in text passes."""
-    from zoo.held_in import HELD_OUT_WORDS, check_held_in
-    from zoo.prune import calibration_texts
+    from zoo.build.held_in import HELD_OUT_WORDS, check_held_in
+    from zoo.build.prune import calibration_texts
 
     words = task_prompts(task)[index].split()
     middle = len(words) // 2 - HELD_OUT_WORDS  # a window from the middle, whatever the document's end is
@@ -89,7 +89,7 @@ def test_any_long_window_of_an_evaluation_document_is_refused_by_every_builder(t
 def test_train_head_text_refuses_an_evaluation_document(tmp_path):
     from support import word_tokenizer
 
-    from zoo.train_head import HeadTraining, teacher_forced
+    from zoo.build.train_head import HeadTraining, teacher_forced
 
     (tmp_path / "notes.md").write_text("notes " + task_prompts("specdec_humaneval")[12])
     settings = HeadTraining(text=str(tmp_path), text_tokens=64)

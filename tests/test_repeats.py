@@ -25,7 +25,7 @@ def models(tmp_path_factory) -> dict[str, str]:
     from transformers import AutoModelForCausalLM
 
     from specdraft_eval.drafts.eagle import new_head
-    from zoo.train_head import save_head
+    from zoo.build.train_head import save_head
 
     root = tmp_path_factory.mktemp("repeats")
     target = save_tiny(root / "target")

@@ -10,7 +10,7 @@ from support import run_cli
 
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.measure.stats import GenerationStats
-from zoo.samples import group_samples
+from zoo.report.samples import group_samples
 
 
 def line(subject: str, correct: bool, drafted_accepted: list[tuple[int, int]]) -> str:

@@ -129,7 +129,7 @@ def test_trees_map_to_vllms_static_tree_and_sglangs_topk(tmp_path):
     assert static_tree(1, 8, 3) == [(0,), (0, 0), (0, 0, 0)]  # top-1: vLLM's chain
     assert tree_parents(static_tree(2, 3, 6)) == [-1, -1, 0, 0, 1, 2]
     target = tiny_llama()
-    from zoo.export import export_head
+    from zoo.build.export import export_head
 
     head3 = eagle3_dir(tmp_path, target)
     head = Path(export_head(eagle_dir(tmp_path, target), "vllm", tmp_path / "vllm").path)

@@ -220,7 +220,7 @@ def test_every_measured_repeat_starts_from_a_fresh_cache(monkeypatch, shared):
     the same prompts. The control shares one drafter's cache across repeats, as before: the later repeats find
     the earlier repeats' answers and accept far more."""
     from specdraft_eval.engine.params import RunSettings
-    from zoo.bench.batch import _measure
+    from zoo.measure.bench.batch import _measure
 
     if shared:
         monkeypatch.setattr(SuffixDrafter, "fresh", lambda self: self)

@@ -14,7 +14,7 @@ from specdraft_eval.measure.analytical import (
     steps_by_draft_length,
 )
 from specdraft_eval.measure.stats import GenerationStats
-from zoo.validate import (
+from zoo.measure.validate import (
     PLAIN,
     Request,
     Sitting,

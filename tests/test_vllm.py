@@ -38,7 +38,7 @@ def model_dir() -> str:
 @pytest.fixture(scope="module")
 def eagle_for_vllm(tmp_path_factory) -> str:
     """The shipped EAGLE-1 head as vLLM reads it (``zoo export --to vllm``)."""
-    from zoo.export import export_head
+    from zoo.build.export import export_head
 
     out = tmp_path_factory.mktemp("export") / "eagle"
     export_head(ROOT / "leaderboard/drafts/smollm2-eagle", "vllm", out)
@@ -46,7 +46,7 @@ def eagle_for_vllm(tmp_path_factory) -> str:
 
 
 def _compare(draft: str, sizes: list[int] = (1,)):
-    from zoo.engines import compare_engines
+    from zoo.measure.engines import compare_engines
 
     return compare_engines("smollm2-135m-instruct", draft, PROMPTS, 4, 32, list(sizes), 1)
 

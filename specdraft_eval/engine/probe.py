@@ -1,4 +1,4 @@
-"""One request's steps taken apart for timing: what ``zoo profile`` (:func:`zoo.timing.engine_latency`) and
+"""One request's steps taken apart for timing: what ``zoo profile`` (:func:`zoo.measure.timing.engine_latency`) and
 ``scripts/gpu_check.py`` measure, on the engine's own prefill, cache, verification, feature taps and clock.
 
 A :class:`StepProbe` prefills the target (on a growing cache, or a static runtime's, warmed up and compiled as a run

@@ -7,8 +7,8 @@ composites of the best model-free kind with each model-based draft; each runs wi
 chooses γ from the measured acceptance per position and verification cost (the analytical model); tree shapes are
 contenders of their own. :class:`Halving` gives every survivor one batch, then the better half (by speedup over plain
 decoding where the run has the baseline, else tokens/s) two each, and so on until one is left. ``zoo tune`` runs it
-on a task's held-in prompts (:mod:`zoo.tune`); :class:`RunTuner` inside an ``lm_eval`` run, on a bounded share of
-its first requests (:data:`IN_RUN_SHARE`), the rest decoded by the winner.
+on a task's held-in prompts (:mod:`zoo.measure.tune`); :class:`RunTuner` inside an ``lm_eval`` run, on a bounded share
+of its first requests (:data:`IN_RUN_SHARE`), the rest decoded by the winner.
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specdraft_eval.models.structure import ModelShape
-from zoo import latency_model, shapes
-from zoo.latency_model import Accelerator
+from zoo.measure import latency_model, shapes
+from zoo.measure.latency_model import Accelerator
 
 TARGETS = ("llama-65b", "llama-2-70b", "opt-66b", "vicuna-33b")
 """Catalog names of the paper's large targets: ``zoo rank`` prints the comparison for them."""

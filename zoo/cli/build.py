@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from zoo.cli_support import (  # isort: skip (one wrapped list, not a line per name)
+from zoo.cli.support import (  # isort: skip (one wrapped list, not a line per name)
     CalibrationOpt, DeviceOpt, DistillOpt, DtypeOpt, JsonOpt, KeepOpt, LayersOpt, NewTokensOpt, NgramPromptsOpt,
     OnPolicyOpt, OutOpt, PromptsOpt, SelectOpt, UseKernelsOpt, VocabTopOpt, cli_errors, emit, load_settings, progress
 )
@@ -27,7 +27,7 @@ def pull(
 ) -> None:
     """Download a draft into the Hugging Face cache (interrupted: keeps whole files only; offline: answer from the
     cache)."""
-    from zoo.pull import pull as do_pull
+    from zoo.build.pull import pull as do_pull
 
     emit(do_pull(name, revision, target).to_json(), as_json)
 
@@ -47,7 +47,7 @@ vocab_top: VocabTopOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Build a depth-pruned draft (optionally distilled) as a normal HF model directory."""
-    from zoo.prune import Pruning, make_draft
+    from zoo.build.prune import Pruning, make_draft
 
     pruning = Pruning(layers, keep, select, calibration, distill_tokens, on_policy, vocab_top)
     with progress("distilling") as tick:
@@ -64,7 +64,7 @@ def ngram(
     device: DeviceOpt = None, dtype: DtypeOpt = "auto", use_kernels: UseKernelsOpt = False, as_json: JsonOpt = False,
 ) -> None:
     """Build an n-gram draft (`draft=ngram:DIR`) from the target's own greedy continuations of held-in prompts."""
-    from zoo.ngram import make_draft
+    from zoo.build.ngram import make_draft
 
     settings = load_settings(device, dtype, use_kernels)
     with progress("continuing prompts") as tick:
@@ -95,8 +95,8 @@ def regenerate(
 ) -> None:
     """Collect the target's own answers to held-in prompts (never the evaluations' documents) for `zoo train-head
     --data`: batched, speculative, in resumable chunks, with their provenance."""
-    from zoo.regenerate import Regeneration
-    from zoo.regenerate import regenerate as run
+    from zoo.build.regenerate import Regeneration
+    from zoo.build.regenerate import regenerate as run
 
     settings = Regeneration(prompts, max_prompts, new_tokens, temperature, samples, draft, num_draft_tokens,
                             batch_size, chunk_prompts=chunk_prompts, seed=seed, minutes=minutes)
@@ -135,8 +135,8 @@ def train_head(
 ) -> None:
     """Train an EAGLE-style head (`draft=eagle:DIR`: EAGLE-1 or EAGLE-3) or Medusa heads (`draft=medusa:DIR`) on the
     target's own text and hidden states; rerun to resume."""
-    from zoo.train_head import HeadTraining
-    from zoo.train_head import train_head as run
+    from zoo.build.train_head import HeadTraining
+    from zoo.build.train_head import train_head as run
 
     settings = HeadTraining(prompts, max_prompts, new_tokens, vocab_top=vocab_top, steps=steps, kind=kind,
                             medusa_heads=medusa_heads, unroll=unroll, text=text,
@@ -154,7 +154,7 @@ def export(
     as_json: JsonOpt = False,
 ) -> None:
     """Write an EAGLE head as a server loads it, as it is (and what serves it there)."""
-    from zoo.export import export_head
+    from zoo.build.export import export_head
 
     result = export_head(head, to, out)
     if as_json:

@@ -7,10 +7,10 @@ import re
 import statistics
 
 from specdraft_eval.results.profiles import Calibration
-from zoo.leaderboard.findings import LmFinding
-from zoo.leaderboard.render import groups, rho_text, short_draft
-from zoo.leaderboard.rows import LeaderboardRow
-from zoo.plotting import png_bytes
+from zoo.report.leaderboard.findings import LmFinding
+from zoo.report.leaderboard.render import groups, rho_text, short_draft
+from zoo.report.leaderboard.rows import LeaderboardRow
+from zoo.report.plotting import png_bytes
 
 
 def _configuration(row: LeaderboardRow) -> str:

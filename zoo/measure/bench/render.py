@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from specdraft_eval.results.profiles import Spread
-from zoo.bench.batch import BatchStudy
-from zoo.bench.result import BenchResult
+from zoo.measure.bench.batch import BatchStudy
+from zoo.measure.bench.result import BenchResult
 
 
 def spread_text(s: Spread | None, fmt: str) -> str | None:

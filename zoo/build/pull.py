@@ -7,8 +7,8 @@ import threading
 from pathlib import Path
 
 from specdraft_eval.errors import SpecdecError
-from zoo import catalog
-from zoo.built import Pulled
+from zoo.build import catalog
+from zoo.build.built import Pulled
 
 
 def _interruptible(fn, *args, **kwargs):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from zoo.leaderboard.rows import LeaderboardRow
+from zoo.report.leaderboard.rows import LeaderboardRow
 
 
 def rank_correlation(xs: list[float], ys: list[float]) -> float | None:

@@ -1,7 +1,7 @@
 """``zoo regenerate``: the target's own answers to held-in prompts, the data a head learns from (as speculators'
 ``response_regeneration`` and SpecForge's ``regenerate_train_data.py`` regenerate a dataset with the target).
 
-The prompts are :func:`zoo.held_in.held_in_prompts`' (the bundled tasks' held-in documents, the standard library's
+The prompts are :func:`zoo.build.held_in.held_in_prompts`' (the bundled tasks' held-in documents, the standard library's
 functions, a user's file: never the documents the evaluations use). The engine answers them in batches, greedily or
 at a temperature (``samples`` answers per prompt), with a speculative draft to go faster (lossless: the answers are
 the target's). The work is cut into chunks of ``chunk_prompts`` prompts, each written atomically as
@@ -27,9 +27,9 @@ from specdraft_eval.engine.session import Session
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.files import atomic_write, write_json
 from specdraft_eval.models.targets import LoadSettings
-from zoo.held_in import HELD_OUT, Prompt, held_in_prompts
+from zoo.build.held_in import HELD_OUT, Prompt, held_in_prompts
 from zoo.progress import Tick, no_progress
-from zoo.prompts import check_positive
+from zoo.measure.prompts import check_positive
 
 FORMAT = "specdraft-regenerate/1"
 PROVENANCE = "regenerate.json"

@@ -26,8 +26,8 @@ from specdraft_eval.integration.offline_data import (
     task_prompts,
 )
 from specdraft_eval.models.targets import LoadSettings
-from zoo.built import Built
-from zoo.held_in import HELD_OUT, check_held_in, check_out
+from zoo.build.built import Built
+from zoo.build.held_in import HELD_OUT, check_held_in, check_out
 from zoo.progress import Tick, no_progress
 
 SELECTIONS = ("first", "uniform", "block-influence")
@@ -36,7 +36,7 @@ DEFAULT_CALIBRATION = "default"
 
 def calibration_texts(spec: str | None) -> list[str]:
     """Calibration text: a file, a bundled task's held-in prompts, literal text, or the default held-in split (a file
-    or text holding part of a document the evaluations use is refused: :func:`~zoo.held_in.check_held_in`).
+    or text holding part of a document the evaluations use is refused: :func:`~zoo.build.held_in.check_held_in`).
 
     The default (humaneval[40:] solutions + mmlu_cot[80:] worked answers) holds out the first 40 and 80
     documents: what ``lm_eval --limit`` and ``zoo rank --measure`` evaluate on.

@@ -84,7 +84,7 @@ class Accelerator:
     memory_gb: float
     runtimes: dict[str, RuntimeCost] = field(default_factory=dict)
     dtype_bytes: int = 2
-    source: str = "defaults (see zoo/latency_model.py)"
+    source: str = "defaults (see zoo/measure/latency_model.py)"
     link_gb_s: float = 32.0  # GPU-to-GPU, per direction (datasheet): NVLink, else PCIe 4.0 x16
 
     def cost(self, runtime: str) -> RuntimeCost:

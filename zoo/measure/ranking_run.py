@@ -16,9 +16,10 @@ from specdraft_eval.models.targets import ALIASES, LoadSettings, Target
 from specdraft_eval.results import store
 from specdraft_eval.results.profiles import read_calibration
 from specdraft_eval.results.record import scan_results
-from zoo import catalog, latency_model, paper, shapes
-from zoo.loading import load_one
-from zoo.rank import (
+from zoo.build import catalog
+from zoo.measure import latency_model, paper, shapes
+from zoo.measure.loading import load_one
+from zoo.measure.rank import (
     MEASURE_GAMMAS,
     Candidate,
     RankOptions,
@@ -29,7 +30,7 @@ from zoo.rank import (
     tar_from_results,
     tree_depth,
 )
-from zoo.timing import ensure_profile
+from zoo.measure.timing import ensure_profile
 
 PROFILE_CONTEXT = 256
 PROFILE_REPEATS = 7
@@ -56,7 +57,7 @@ def run_rank(target_name: str, options: RankOptions = RankOptions(),
 
     ``gpu`` "this" loads the models with ``settings`` and times them on its device (the profile of that device);
     a named GPU ranks from shapes alone (the catalog or config.json files) with the latency model of
-    :mod:`zoo.latency_model`, KV-cache reads counted at ``context`` tokens, so no weights are needed unless
+    :mod:`zoo.measure.latency_model`, KV-cache reads counted at ``context`` tokens, so no weights are needed unless
     ``measure`` asks to measure TAR. ``gammas`` None ranks every γ results give a TAR for (up to the largest γ
     run), or 1, 2, 4, 8.
     """
@@ -69,7 +70,7 @@ def run_rank(target_name: str, options: RankOptions = RankOptions(),
         raise SpecdecError(f"--gpus {options.gpus}: give a number >= 1, with a named --gpu (this machine's profile "
                            "times one process)")
     accelerator = None if gpu == "this" else latency_model.accelerator(gpu, read_calibration(gpu))
-    own = store.paths(target_name) if results is None else []  # this machine's results first (zoo.rank)
+    own = store.paths(target_name) if results is None else []  # this machine's results first (zoo.measure.rank)
     files = [f for f in scan_results([*own, *(results if results is not None else [published.results()])])
              if f.record.runtime.engine_name == "specdec"]  # rank predicts our engine: vLLM's rows are not its
     mine = frozenset(own)

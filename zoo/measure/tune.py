@@ -2,7 +2,7 @@
 
 The contenders are :func:`specdraft_eval.integration.autotune.candidate_set`'s that load here (every kind's file-free
 candidates, the shipped drafts and ``--drafts``, composites of the best model-free draft with each model-based one),
-each with dynamic γ. A round gives every survivor the same prompts (:func:`zoo.held_in.tuning_prompts`: documents
+each with dynamic γ. A round gives every survivor the same prompts (:func:`zoo.build.held_in.tuning_prompts`: documents
 no draft was built from and the leaderboard does not measure; ``batch_size`` at a time, with the task's stop
 strings) and decodes them once plainly too, interleaved, so each survivor's speedup is over the same output; the
 better half goes on to a round of twice as many new prompts (the last round takes what is left), until one is left,
@@ -34,9 +34,9 @@ from specdraft_eval.measure.stats import GenerationStats
 from specdraft_eval.models.targets import LoadSettings, runtime_of
 from specdraft_eval.results import store
 from specdraft_eval.results.record import SpecdecRecord
-from zoo.held_in import tuning_prompts
-from zoo.plotting import png_bytes
+from zoo.build.held_in import tuning_prompts
 from zoo.progress import Tick, no_progress
+from zoo.report.plotting import png_bytes
 
 MAX_NEW_TOKENS = 256  # the bundled tasks' max_gen_toks
 
@@ -130,7 +130,7 @@ def cached_catalog_drafts(target_name: str) -> list[str]:
     """The catalog's drafts for ``target_name``'s family that are already in the Hugging Face cache (``zoo pull``)."""
     from huggingface_hub import try_to_load_from_cache
 
-    from zoo import catalog
+    from zoo.build import catalog
 
     if catalog.family_of(target_name) is None:
         return []

@@ -33,7 +33,7 @@ from specdraft_eval.measure.timers import ForwardTimer, clock, peak_memory_mb
 from specdraft_eval.models import kernels
 from specdraft_eval.models.targets import LoadSettings
 from specdraft_eval.results.profiles import Spread
-from zoo.bench.result import (
+from zoo.measure.bench.result import (
     ASSISTED,
     AUTOREGRESSIVE,
     OURS,
@@ -46,8 +46,8 @@ from zoo.bench.result import (
     check_lossless,
     near_tie,
 )
+from zoo.measure.prompts import check_positive
 from zoo.progress import Tick, no_progress
-from zoo.prompts import check_positive
 
 
 @dataclass
@@ -335,7 +335,7 @@ def bench(target_name: str, drafts: list[str], prompts: list[str], plan: BenchPl
     """``zoo bench``: load the target with ``settings`` (and, where ours runs other kernels, a plain copy for
     transformers as users run it), time every configuration (:func:`run_bench`) and refuse a result whose tokens
     differ beyond reduced precision's near-ties (:func:`check_lossless`)."""
-    from zoo.loading import load_run
+    from zoo.measure.loading import load_run
 
     check_positive(gamma=plan.gamma, repeats=plan.repeats, max_new_tokens=plan.max_new_tokens)
     target, drafters = load_run(target_name, drafts, settings)

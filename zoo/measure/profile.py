@@ -16,7 +16,7 @@ from specdraft_eval.results.profiles import (
     SweepRow,
     write_calibration,
 )
-from zoo.timing import context_tokens, engine_latency, measure_and_write
+from zoo.measure.timing import context_tokens, engine_latency, measure_and_write
 
 SWEEP_SHAPES = {
     # group: [(layers, hidden)] -- on a GPU, shapes whose weight reads (up to ~7 GB) separate bandwidth from the
@@ -71,7 +71,7 @@ def sweep(repeats: int, calibrate: str | None, settings: LoadSettings,
     """Run :func:`width_depth_sweep` on ``settings``' device and dtype and fit the latency model to it; with
     ``calibrate``, store the fit under that name for ``zoo rank --gpu NAME``; with ``out``, also write it there
     (the leaderboard's latency figure reads such files). Returns the fit and the paths written."""
-    from zoo.latency_model import fit_sweep
+    from zoo.measure.latency_model import fit_sweep
 
     dtype = getattr(torch, settings.dtype)
     rows = width_depth_sweep(repeats, device=settings.device, dtype=dtype)
@@ -87,7 +87,7 @@ def sweep(repeats: int, calibrate: str | None, settings: LoadSettings,
 def profile_target(target_name: str, drafts: list[str], gammas: list[int], context: int, repeats: int,
                    out: Path | None, settings: LoadSettings) -> tuple[Profile, Path]:
     """``zoo profile``: load the target and drafts with ``settings`` and :func:`measure_and_write`."""
-    from zoo.loading import load_run
+    from zoo.measure.loading import load_run
 
     target, drafters = load_run(target_name, drafts, settings)
     return measure_and_write(target.model, target_name, drafters, gammas, context, repeats, out)

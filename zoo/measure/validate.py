@@ -1,7 +1,7 @@
 """``zoo validate``: check the analytical model the way the founding paper did (its Appendix D, Figure 12), on any
 configuration.
 
-Each repeat is a sitting: profile latencies first (:func:`zoo.timing.engine_latency`, on random tokens at each
+Each repeat is a sitting: profile latencies first (:func:`zoo.measure.timing.engine_latency`, on random tokens at each
 *context bucket* of the measured prompts: their lengths split into up to three groups, each profiled at its median
 length, verification up to the largest γ a run can use; and the loop's own time per step, plain and per draft),
 then run every task, draft, γ (and with ``dynamic``, dynamic γ) end to end, each request followed by plain decoding
@@ -27,10 +27,10 @@ from specdraft_eval.measure.environment import hardware
 from specdraft_eval.measure.stats import GenerationStats
 from specdraft_eval.models.targets import LoadSettings
 from specdraft_eval.results.profiles import Profile
-from zoo.plotting import png_bytes
+from zoo.measure.prompts import check_positive
+from zoo.measure.timing import context_tokens, engine_latency
 from zoo.progress import Tick, no_progress
-from zoo.prompts import check_positive
-from zoo.timing import context_tokens, engine_latency
+from zoo.report.plotting import png_bytes
 
 BUCKETS = 3
 TASKS = ("specdec_humaneval", "specdec_mmlu_cot")
@@ -176,7 +176,7 @@ def _loop_ms(target, drafter, tokens: list[int], steps: int, gamma: int) -> floa
 
 def sitting(target, target_name: str, drafters: list, timed: list, gammas: list[int], context: int,
             steps: int) -> Sitting:
-    """Profile one context bucket (:func:`zoo.timing.engine_latency` on random tokens) and time the loop's own
+    """Profile one context bucket (:func:`zoo.measure.timing.engine_latency` on random tokens) and time the loop's own
     work per step, plain and per draft, on the same tokens."""
     tokens = context_tokens(context, target.config.vocab_size)
     verify, drafts = engine_latency(target, timed, gammas, [tokens], steps)
@@ -331,7 +331,7 @@ def run(target_name: str, drafts: list[str], tasks: list[str], n_prompts: int, g
     """``zoo validate``: load the target and drafts with ``settings``, :func:`validate` on each task's first
     ``n_prompts`` prompts, write the plot at ``plot_path`` and the figures beside it (``.json``); return them."""
     from specdraft_eval.integration.offline_data import task_prompts
-    from zoo.loading import load_run
+    from zoo.measure.loading import load_run
 
     check_positive(prompts=n_prompts, repeats=repeats, max_new_tokens=max_new_tokens)
     texts = {task: task_prompts(task)[:n_prompts] for task in tasks}

@@ -12,8 +12,8 @@ from tabulate import tabulate
 
 from specdraft_eval.results.profiles import Calibration
 from specdraft_eval.results.report import positions
-from zoo.leaderboard.findings import LmFinding
-from zoo.leaderboard.rows import COLUMNS, GROUPED, LeaderboardRow
+from zoo.report.leaderboard.findings import LmFinding
+from zoo.report.leaderboard.rows import COLUMNS, GROUPED, LeaderboardRow
 
 DECIMALS = {"mean_acceptance_length": 2, "accept_length": 2, "mean_accepted_tokens": 2, "speedup": 2,
             "end_to_end_speedup": 2,

@@ -33,7 +33,7 @@ from specdraft_eval.models.targets import LoadSettings, runtime_of
 from specdraft_eval.results import store
 from specdraft_eval.results.profiles import Spread
 from specdraft_eval.results.record import SpecdecRecord
-from zoo.bench.result import BenchPlan
+from zoo.measure.bench.result import BenchPlan
 from zoo.progress import Tick, no_progress
 
 SCHEMA_VERSION = 3  # 2: spreads carry n, the task; 3: a row per γ policy (gamma), draft ms per step, host reads
@@ -171,7 +171,7 @@ def study(target_name: str, drafts: list[str], prompts: list[str], plan: BenchPl
     """``zoo bench --batch-size``: load the target and drafts with ``settings`` and :func:`run_batch_study`; each
     configuration's counters go to this machine's results store under ``task`` (default ``default``: a prompt
     file's)."""
-    from zoo.loading import load_run
+    from zoo.measure.loading import load_run
 
     target, drafters = load_run(target_name, drafts, settings)
     runs = len(drafters) * len(policies or [None])

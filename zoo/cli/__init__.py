@@ -10,14 +10,14 @@ import typer
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.models.targets import DEFAULT_TARGET
 
-from zoo.cli_support import (  # isort: skip (one wrapped list, not a line per name)
+from zoo.cli.support import (  # isort: skip (one wrapped list, not a line per name)
     BatchSizeOpt, BenchGammaOpt, CalibrateOpt, CompileOpt, ContextOpt, DeviceOpt, DraftsOpt, DtypeOpt, DynamicOpt,
     GammaOpt, GpuOpt, GridOpt, JsonOpt, KernelsOpt, MaxNewOpt, PlotOpt, ProfileOutOpt, PromptsFileOpt, RankGammaOpt,
     RepeatsOpt, ResultsOpt, RuntimeOpt, ScoreTaskOpt, SweepOpt, TargetOpt, UseKernelsOpt, cli_errors, emit, existing,
     gamma_policies, load_settings, one_gamma, parse_positive_ints, progress
 )
-from zoo import cli_build
-from zoo.rank import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TASK
+from zoo.cli import build as cli_build
+from zoo.measure.rank import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TASK
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="The draft zoo: find, build, profile and rank speculative-decoding drafts for a target.")
@@ -33,7 +33,7 @@ def list_drafts(
     as_json: JsonOpt = False,
 ) -> None:
     """Show the catalog of known drafts, by target family, and the draft kinds."""
-    from zoo import catalog
+    from zoo.build import catalog
 
     data = catalog.listing(target).to_json()
     if as_json:
@@ -63,7 +63,7 @@ calibrate: CalibrateOpt = None,
 ) -> None:
     """Measure t_target, t_verify(γ) and each draft's t_draft on this machine's --device (default drafts:
     prompt-lookup); write a profile (keyed by the device's name) for rank."""
-    from zoo import profile as prof
+    from zoo.measure import profile as prof
 
     if calibrate and not sweep:
         raise SpecdecError("--calibrate needs --sweep: the calibration is fitted to the depth/width sweep")
@@ -110,8 +110,8 @@ runtime: RuntimeOpt = "eager",
     """Rank drafts for a target and a GPU by predicted tokens/s (analytical model, measured TAR); a named GPU ranks
     from model shapes alone. Default drafts: every kind's candidates (prompt-lookup, a 5-layer view, suffix), local
     catalog drafts, drafts with results."""
-    from zoo.rank import RankOptions, table_rows
-    from zoo.ranking_run import run_rank
+    from zoo.measure.rank import RankOptions, table_rows
+    from zoo.measure.ranking_run import run_rank
 
     options = RankOptions(gpu, task, measure, drafts, parse_positive_ints(gamma) if gamma else None, results or None,
                           max_new_tokens, runtime, context, gpus)
@@ -125,7 +125,7 @@ runtime: RuntimeOpt = "eager",
     if result.published:
         from dataclasses import asdict
 
-        from zoo.paper import NOT_AVAILABLE
+        from zoo.measure.paper import NOT_AVAILABLE
 
         typer.echo("\nthe founding paper's published figures, predicted for this GPU and runtime (drafts on one GPU):")
         emit([asdict(c) for c in result.published], False)
@@ -153,7 +153,7 @@ plot: PlotOpt = Path("validation.png"),
     """Check the analytical model: predict the speedup over plain decoding (and tokens/s) from a profile per
     context bucket and repeat and the runs' counts, then measure (default drafts: prompt-lookup and layers:0-4;
     --grid: drafts x γ 1-4 x both tasks). It says up front how much it will generate."""
-    from zoo import validate as validation
+    from zoo.measure import validate as validation
 
     if quick:
         prompts, gamma, repeats, max_new_tokens = 1, "2", 1, 32
@@ -191,9 +191,9 @@ batch_size: BatchSizeOpt = None,
 ) -> None:
     """Time our engine against transformers' generate and assisted generation (greedy, same prompts; default
     draft: prompt-lookup), or with --batch-size, speculative against plain decoding at each batch size."""
-    from zoo.bench import batch, render, run
-    from zoo.bench.result import BenchPlan
-    from zoo.prompts import load_prompts
+    from zoo.measure.bench import batch, render, run
+    from zoo.measure.bench.result import BenchPlan
+    from zoo.measure.prompts import load_prompts
 
     sizes = parse_positive_ints(batch_size, "--batch-size") if batch_size is not None else None
     if sizes and compile:
@@ -233,9 +233,9 @@ def compare(
 ) -> None:
     """Our engine against vLLM (engine=vllm: .venv-vllm) on the same prompts and draft, per batch size: outputs
     identical or not, acceptance by position and mean acceptance length as vLLM counts them, tokens/s and speedup."""
-    from zoo.bench.render import spread_text
-    from zoo.engines import compare_engines
-    from zoo.prompts import check_positive, load_prompts
+    from zoo.measure.bench.render import spread_text
+    from zoo.measure.engines import compare_engines
+    from zoo.measure.prompts import check_positive, load_prompts
 
     check_positive(limit=limit, gamma=gamma, max_new_tokens=max_new_tokens, repeats=repeats)
     sizes = parse_positive_ints(batch_size, "--batch-size")
@@ -312,7 +312,7 @@ def tune(
     """Measure the drafts that load for a target here (every kind's, the shipped ones, --drafts, composites) on a
     task's tuning documents by successive halving, and store the winners in this machine's results, where
     draft=auto reads them first."""
-    from zoo.tune import tune as run_tune
+    from zoo.measure.tune import tune as run_tune
 
     with progress("tuning" + (", then evaluating every contender" if evaluate else "")) as tick:
         result = run_tune(target, task, load_settings(device, dtype, use_kernels, kernels), batch_size, budget,
@@ -386,7 +386,7 @@ def samples(
 ) -> None:
     """Acceptance and speedup per group of requests, from each request's own figures in a specdec run's samples."""
     from specdraft_eval.results.report import positions
-    from zoo.samples import group_samples
+    from zoo.report.samples import group_samples
 
     groups = group_samples(paths, by)
     if as_json:
@@ -406,7 +406,7 @@ def leaderboard(
 ) -> None:
     """Build the leaderboard (markdown, CSV, sortable HTML, plots) from specdec results files (and latency
     sweeps, sweep*.json, found beside them)."""
-    from zoo import leaderboard as board
+    from zoo.report import leaderboard as board
 
     rows, files = board.build(list(results), out)
     emit({"rows": len(rows), "files": [str(p) for p in files]}, as_json)

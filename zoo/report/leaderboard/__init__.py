@@ -7,10 +7,10 @@ from pathlib import Path
 
 from specdraft_eval.files import atomic_write
 from specdraft_eval.results.profiles import Calibration
-from zoo.leaderboard.figures import main_group, plots
-from zoo.leaderboard.findings import lm_findings
-from zoo.leaderboard.render import Page, csv_text, html_page, markdown
-from zoo.leaderboard.rows import LeaderboardRow, collect, read_sweeps
+from zoo.report.leaderboard.figures import main_group, plots
+from zoo.report.leaderboard.findings import lm_findings
+from zoo.report.leaderboard.render import Page, csv_text, html_page, markdown
+from zoo.report.leaderboard.rows import LeaderboardRow, collect, read_sweeps
 
 
 def write(rows: list[LeaderboardRow], out: Path, sweeps: list[Calibration] | None = None) -> list[Path]:

@@ -15,8 +15,8 @@ from specdraft_eval.drafts.ngram import save_continuations
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.files import atomic_output
 from specdraft_eval.models.targets import LoadSettings
-from zoo.built import Built
-from zoo.held_in import DEFAULT_PROMPTS, HELD_OUT, check_out, generate_batches, ngram_prompts
+from zoo.build.built import Built
+from zoo.build.held_in import DEFAULT_PROMPTS, HELD_OUT, check_out, generate_batches, ngram_prompts
 from zoo.progress import Tick, no_progress
 
 

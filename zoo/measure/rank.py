@@ -14,7 +14,7 @@ from pathlib import Path
 from specdraft_eval.measure.analytical import break_even_tar, predicted_tokens_per_second
 from specdraft_eval.measure.stats import GenerationStats
 from specdraft_eval.results.record import ResultsFile
-from zoo.paper import Comparison
+from zoo.measure.paper import Comparison
 
 DEFAULT_TASK = "specdec_humaneval"
 DEFAULT_MAX_NEW_TOKENS = 64
@@ -145,7 +145,7 @@ class RankRow:
 class RankResult:
     """The ranking: the target's autoregressive latency, how far the latency model is from what was measured on
     that GPU (None where nothing was, or for this machine's own profile), the rows, best first, and the founding
-    paper's published figures beside their predictions (its targets on a named GPU, :mod:`zoo.paper`)."""
+    paper's published figures beside their predictions (its targets on a named GPU, :mod:`zoo.measure.paper`)."""
 
     target_ms_per_token: float
     latency_model_error: str | None

@@ -10,7 +10,7 @@ from pathlib import Path
 from specdraft_eval.drafts.spec import AUTO, COMPOSITE, MODEL, DraftSpec, draft_kinds
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.models.structure import KnownShape, ModelShape, shape_from_config
-from zoo import catalog
+from zoo.build import catalog
 
 
 def _config_file(name: str) -> Path | None:

@@ -1,0 +1,1 @@
+"""Reporting: the leaderboard (markdown, CSV, HTML, figures), ``zoo samples`` and deterministic PNGs (``plotting``)."""
