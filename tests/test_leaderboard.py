@@ -347,3 +347,21 @@ def test_a_malformed_sweep_file_is_one_line_naming_the_file_and_the_field(result
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and str(sweep) in lines[0] and field in lines[0], done.stderr
     assert not out.exists()  # nothing half-written
+
+
+def test_the_published_board_rebuilds_byte_identical_from_its_results(tmp_path):
+    """`zoo leaderboard leaderboard/results` (reproduce.sh's last step) gives the committed pages and figures byte for
+    byte: a refactoring that changes a figure, a row or its order shows here (zoo validate's files, which the board
+    shows where it finds them, are copied in first, as they sit beside the committed board)."""
+    from zoo.report import leaderboard as board
+
+    published = Path(__file__).resolve().parents[1] / "leaderboard"
+    for name in ("validation.json", "validation.png"):
+        shutil.copy(published / name, tmp_path / name)
+    _, files = board.build([published / "results"], tmp_path)
+    made = sorted(p.name for p in files if p.suffix in (".md", ".csv", ".html", ".png"))
+    assert {"README.md", "leaderboard.csv", "index.html"} <= set(made) and len(made) >= 6
+    for name in made:
+        assert (tmp_path / name).read_bytes() == (published / name).read_bytes(), f"{name} differs from leaderboard/"
+    stale = {p.name for p in published.glob("*.png")} - set(made) - {"validation.png"}
+    assert not stale, f"figures the board no longer makes: {sorted(stale)}"
