@@ -28,8 +28,8 @@ from specdraft_eval.errors import SpecdecError
 from specdraft_eval.files import atomic_write, write_json
 from specdraft_eval.models.targets import LoadSettings
 from zoo.build.held_in import HELD_OUT, Prompt, held_in_prompts
-from zoo.progress import Tick, no_progress
 from zoo.measure.prompts import check_positive
+from zoo.progress import Tick, no_progress
 
 FORMAT = "specdraft-regenerate/1"
 PROVENANCE = "regenerate.json"

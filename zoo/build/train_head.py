@@ -56,9 +56,17 @@ from specdraft_eval.files import atomic_output, write_json
 from specdraft_eval.models import kernels
 from specdraft_eval.models.targets import LoadSettings
 from zoo.build.built import Built
-from zoo.build.held_in import DEFAULT_PROMPTS, HELD_OUT, check_held_in, check_out, generate_batches, ngram_prompts, pad_id
-from zoo.progress import Tick, no_progress
+from zoo.build.held_in import (
+    DEFAULT_PROMPTS,
+    HELD_OUT,
+    check_held_in,
+    check_out,
+    generate_batches,
+    ngram_prompts,
+    pad_id,
+)
 from zoo.build.regenerate import read_rows
+from zoo.progress import Tick, no_progress
 
 KINDS = ("eagle", "eagle3", "medusa")
 OUTPUT_LAYERS = ("trained", "target")
