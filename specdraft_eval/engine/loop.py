@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import torch
+from torch.nn import Module
 
 from specdraft_eval.engine import graphs, host
 from specdraft_eval.engine.drafter import BatchDrafter, Drafter, DrafterBase, Proposal
@@ -39,8 +40,8 @@ def _prompt_list(input_ids) -> list[int]:
     return prompt
 
 
-def _check_context(target, prompt: list[int], max_new_tokens: int) -> list[int]:
-    limit = getattr(target.config, "max_position_embeddings", None)
+def _check_context(target_model: Module, prompt: list[int], max_new_tokens: int) -> list[int]:
+    limit = getattr(target_model.config, "max_position_embeddings", None)
     if limit is not None and len(prompt) + max_new_tokens > limit:
         raise SpecdecError(
             f"prompt of {len(prompt)} tokens plus max_new_tokens={max_new_tokens} exceeds the target's context of "
@@ -79,12 +80,12 @@ def _counted(proposal: Proposal, path: list[int], kept: int) -> tuple[int, int, 
     return sum(1 for d in proposal.depths if d <= depth), depth, depth, (len(proposal.tokens), len(path))
 
 
-def prefill(target, prompts: list[list[int]], cache: BatchCache | None = None) -> BatchCache:
+def prefill(target_model: Module, prompts: list[list[int]], cache: BatchCache | None = None) -> BatchCache:
     """Fill ``cache`` (default: a new growing one) with every prompt but its last token (the first step feeds
     that one); the prefill runs eagerly, whatever ``cache.step`` is."""
     cache = cache or BatchCache(len(prompts))
     if any(len(prompt) > 1 for prompt in prompts):
-        cache.forward(target, [prompt[:-1] for prompt in prompts], 1)
+        cache.forward(target_model, [prompt[:-1] for prompt in prompts], 1)
         cache.keep([list(range(len(prompt) - 1)) for prompt in prompts])
     return cache
 
@@ -112,13 +113,13 @@ class _Row:
     drafted: bool = False  # it has drafted before: catching up now is the cost of returning from γ = 0
 
 
-def _steps(target, cache: BatchCache, rows: list[_Row], drafters: BatchDrafter, params: DecodeParams,
+def _steps(target_model: Module, cache: BatchCache, rows: list[_Row], drafters: BatchDrafter, params: DecodeParams,
            controller: GammaController | FixedGamma, tap: FeatureTap | None,
            steps_as_vllm: bool = False) -> tuple[list[_Row], GenerationStats]:
     """Draft every row (one call), verify all rows in one target pass, hand the draft the target's features of what
     each row kept, until every row has finished. Returns the finished rows and the batch's draft, draft prefill (a
     draft catching up: :meth:`Drafter.ingest`) and verification seconds and its verification passes."""
-    device, eos, max_new_tokens = target.device, params.eos(target), params.max_new_tokens
+    device, eos, max_new_tokens = target_model.device, params.eos(target_model), params.max_new_tokens
     finished: list[_Row] = []
     clocked = GenerationStats()
     started = clock(device)
@@ -140,7 +141,7 @@ def _steps(target, cache: BatchCache, rows: list[_Row], drafters: BatchDrafter, 
             row.behind, row.drafted = budget <= 0, row.drafted or budget > 0
         proposals = drafters.propose(tokens, budgets, [row.sampler for row in rows])
         t1 = clock(device)
-        verdicts = verify_step(target, cache, tokens, proposals, [row.sampler for row in rows])
+        verdicts = verify_step(target_model, cache, tokens, proposals, [row.sampler for row in rows])
         t2 = clock(device)
         features = tap.take() if tap else None  # [rows, width, features]: the target's, for drafts that read them
         drafting = t1 - t0 - catching_up
@@ -189,21 +190,21 @@ def repeat_indices(prompts: Sequence[Sequence[int]]) -> list[int]:
     return repeats
 
 
-def _decode(target, draft: Drafter, prompts: list[list[int]], params: DecodeParams, run: RunSettings, *,
+def _decode(target_model: Module, draft: Drafter, prompts: list[list[int]], params: DecodeParams, run: RunSettings, *,
             stops: list[StopCheck | None], controller: GammaController | FixedGamma, repeats: list[int]
             ) -> tuple[list[list[int]], GenerationStats]:
     """The loop every generation runs: prefill all rows, then draft every row, verify all rows in one target pass,
     and let rows leave as they finish. Returns each row's new tokens and the batch's stats (counters summed over
     rows, times, verification passes and host reads once for the batch)."""
-    device = target.device
+    device = target_model.device
     longest = row_positions(max(map(len, prompts)), params.max_new_tokens, controller.max_num_draft_tokens)
     start = clock(device)
     static = None
     if run.static_cache:  # one shape for the run: the target's runtime, grown only when a request needs more
-        static = graphs.static_caches(target, max(longest, run.capacity or 0) + 1, run.compile)
-    tap = FeatureTap(target, draft.taps) if draft.taps else None
+        static = graphs.static_caches(target_model, max(longest, run.capacity or 0) + 1, run.compile)
+    tap = FeatureTap(target_model, draft.taps) if draft.taps else None
     try:
-        cache = prefill(target, prompts, static.cache(len(prompts)) if static else None)
+        cache = prefill(target_model, prompts, static.cache(len(prompts)) if static else None)
         cache.always_masked |= static is not None and draft.drafts_trees  # a tree's path leaves holes: one input form
         prefilled = tap.take() if tap else None  # [rows, longest prompt - 1, features]
         # before any timed step
@@ -223,7 +224,7 @@ def _decode(target, draft: Drafter, prompts: list[list[int]], params: DecodePara
             row.stats = GenerationStats(generations=1, prompt_tokens=len(row.prompt))
             if prefilled is not None:
                 drafters.observe(row.index, prefilled[row.index, : len(row.prompt) - 1])
-        finished, clocked = _steps(target, cache, rows, drafters, params, controller, tap, run.steps_as_vllm)
+        finished, clocked = _steps(target_model, cache, rows, drafters, params, controller, tap, run.steps_as_vllm)
     finally:
         if tap:
             tap.close()
@@ -243,7 +244,8 @@ def _decode(target, draft: Drafter, prompts: list[list[int]], params: DecodePara
 
 
 @torch.inference_mode()
-def speculative_generate_batch(target, draft: Drafter, prompts: Sequence, params: DecodeParams | int | None = None, *,
+def speculative_generate_batch(target_model: Module, draft: Drafter, prompts: Sequence,
+                               params: DecodeParams | int | None = None, *,
                                run: RunSettings | None = None, stops: Sequence[StopCheck | None] | None = None,
                                gamma_controller: GammaController | None = None,
                                repeats: Sequence[int] | None = None,
@@ -260,37 +262,37 @@ def speculative_generate_batch(target, draft: Drafter, prompts: Sequence, params
     params = DecodeParams.of(params, **settings)
     if not prompts:
         return [], GenerationStats()
-    checked = [_check_context(target, _prompt_list(prompt), params.max_new_tokens) for prompt in prompts]
+    checked = [_check_context(target_model, _prompt_list(prompt), params.max_new_tokens) for prompt in prompts]
     if params.max_new_tokens == 0:
         alone = [GenerationStats(generations=1, prompt_tokens=len(c)) for c in checked]
         return [[] for _ in prompts], sum(alone, GenerationStats(per_request=alone))
     rows_stops = list(stops) if stops is not None else [None] * len(prompts)
     rows_repeats = list(repeats) if repeats is not None else repeat_indices(checked)
-    return _decode(target, draft, checked, params, run, stops=rows_stops,
+    return _decode(target_model, draft, checked, params, run, stops=rows_stops,
                    controller=gamma_controller or run.gamma.controller(), repeats=rows_repeats)
 
 
-def speculative_generate(target, draft: Drafter, input_ids, params: DecodeParams | int | None = None, *,
+def speculative_generate(target_model: Module, draft: Drafter, input_ids, params: DecodeParams | int | None = None, *,
                          run: RunSettings | None = None, stop: StopCheck | None = None,
                          gamma_controller: GammaController | None = None, repeat: int = 0,
                          **settings) -> tuple[list[int], GenerationStats]:
     """Generate up to ``max_new_tokens`` tokens after ``input_ids`` with ``target``, drafting with ``draft``.
 
     ``params`` is a :class:`DecodeParams`, or the token budget with its other fields as keywords, beside the run's
-    :class:`RunSettings` or its fields as keywords (``speculative_generate(target, draft, ids, 64,
+    :class:`RunSettings` or its fields as keywords (``speculative_generate(target_model, draft, ids, 64,
     num_draft_tokens=4)``). Returns the new token ids (ending at EOS if one was produced) and the run's
     :class:`GenerationStats`. ``dynamic_gamma`` lets :class:`~specdraft_eval.engine.gamma.GammaController` choose γ each
     step (0 to 4×``num_draft_tokens``) from this generation's measured latencies and acceptance; pass the same
     ``gamma_controller`` to every generation of a run to let it learn from all of them (implies dynamic γ).
     With ``seed``, ``repeat`` picks the request's sample stream (0, 1, ...: distinct samples of one prompt).
     """
-    outputs, stats = speculative_generate_batch(target, draft, [_prompt_list(input_ids)], params, run=run,
+    outputs, stats = speculative_generate_batch(target_model, draft, [_prompt_list(input_ids)], params, run=run,
                                                  stops=[stop], gamma_controller=gamma_controller, repeats=[repeat],
                                                  **settings)
     return outputs[0], stats
 
 
-def autoregressive_generate_batch(target, prompts: Sequence, params: DecodeParams | int | None = None, *,
+def autoregressive_generate_batch(target_model: Module, prompts: Sequence, params: DecodeParams | int | None = None, *,
                                   run: RunSettings | None = None, stops: Sequence[StopCheck | None] | None = None,
                                   repeats: Sequence[int] | None = None,
                                   **settings) -> tuple[list[list[int]], GenerationStats]:
@@ -298,7 +300,7 @@ def autoregressive_generate_batch(target, prompts: Sequence, params: DecodeParam
     baseline): the speculative loop with a draft that proposes nothing. Stats hold baseline tokens and seconds."""
     run = replace(RunSettings.of(run, settings), gamma=GammaPolicy(1))
     params = DecodeParams.of(params, **settings)
-    outputs, stats = speculative_generate_batch(target, NoDraft(), prompts, params, run=run, stops=stops,
+    outputs, stats = speculative_generate_batch(target_model, NoDraft(), prompts, params, run=run, stops=stops,
                                                 repeats=repeats)
     return outputs, GenerationStats(baseline_tokens=stats.generated_tokens, baseline_seconds=stats.decode_seconds,
                                     baseline_prefill_seconds=stats.prefill_seconds,
@@ -308,25 +310,25 @@ def autoregressive_generate_batch(target, prompts: Sequence, params: DecodeParam
                                                  for r in stats.per_request])
 
 
-def autoregressive_generate(target, input_ids, params: DecodeParams | int | None = None, *,
+def autoregressive_generate(target_model: Module, input_ids, params: DecodeParams | int | None = None, *,
                             run: RunSettings | None = None, stop: StopCheck | None = None, repeat: int = 0,
                             **settings) -> tuple[list[int], GenerationStats]:
     """Plain token-by-token decoding of one prompt (:func:`autoregressive_generate_batch` with one row)."""
-    outputs, stats = autoregressive_generate_batch(target, [_prompt_list(input_ids)], params, run=run, stops=[stop],
-                                                   repeats=[repeat], **settings)
+    outputs, stats = autoregressive_generate_batch(target_model, [_prompt_list(input_ids)], params, run=run,
+                                                   stops=[stop], repeats=[repeat], **settings)
     return outputs[0], stats
 
 
 @torch.inference_mode()
-def divergence(target, prompt: list[int], specdec: list[int], baseline: list[int]) -> Divergence | None:
+def divergence(target_model: Module, prompt: list[int], specdec: list[int], baseline: list[int]) -> Divergence | None:
     """Where two greedy decodings of ``prompt`` first differ, and by how much the target's logits there
     (one fresh forward pass over the common prefix) prefer the baseline's token over the speculative one:
     a margin near 0 is a near-tie that reduced precision can flip, a large one points at a bug."""
     index = next((i for i, (a, b) in enumerate(zip(specdec, baseline)) if a != b), min(len(specdec), len(baseline)))
     if index == len(baseline) or index == len(specdec):
         return None if index == len(baseline) else Divergence(index=index, baseline_token=baseline[index])
-    ids = torch.tensor([prompt + baseline[:index]], device=target.device)
-    logits = target(ids).logits[0, -1].float()  # [vocab]
+    ids = torch.tensor([prompt + baseline[:index]], device=target_model.device)
+    logits = target_model(ids).logits[0, -1].float()  # [vocab]
     return Divergence(index=index, specdec_token=specdec[index], baseline_token=baseline[index],
                       logit_margin=round(float(logits[baseline[index]] - logits[specdec[index]]), 6))
 

@@ -7,10 +7,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 
 import torch
+from torch.nn import Module
 
 from specdraft_eval.engine.gamma import GammaController
 from specdraft_eval.engine.sampling import Sampler, make_generator, stream_seed
 from specdraft_eval.errors import SpecdecError
+from specdraft_eval.models.targets import runtime_of
+from specdraft_eval.results.record import Runtime
 
 StopCheck = Callable[[list[int]], "int | None"]
 """Called with the tokens generated so far (one check serves one generation, called as they grow): where a stop
@@ -127,11 +130,17 @@ class RunSettings:
             fields["gamma"] = replace(run.gamma, **gamma)
         return replace(run, **fields) if fields else run
 
+    def runtime(self, target_model: Module) -> Runtime:
+        """The runtime key of a run with these settings on ``target_model``: its dtype, kernels, attention and
+        tensor-parallel degree as loaded (:class:`~specdraft_eval.models.targets.LoadSettings`), the static cache and
+        compiled steps as set here: derived, never given twice."""
+        return runtime_of(target_model, self.static_cache, self.compile)
+
 
 @dataclass(frozen=True)
 class DecodeParams:
     """One generation request's settings, as vLLM's ``SamplingParams``: the token budget, sampling, the seed and EOS.
-    Every engine entry point takes it after ``(target, draft, prompts)``; the run's :class:`RunSettings`, per-row
+    Every engine entry point takes it after ``(target_model, draft, prompts)``; the run's :class:`RunSettings`, per-row
     stop checks and a shared γ controller are keyword arguments beside it."""
 
     max_new_tokens: int
@@ -167,11 +176,11 @@ class DecodeParams:
         seed = None if self.seed is None else stream_seed(self.seed, prompt, repeat)
         return Sampler(self.do_sample, self.temperature, self.top_k, self.top_p, make_generator(seed, device))
 
-    def eos(self, target) -> set[int]:
+    def eos(self, target_model: Module) -> set[int]:
         """EOS ids: ``eos_token_id``, else the target's generation config's."""
         eos = self.eos_token_id
         if eos is None:
-            eos = getattr(target.generation_config, "eos_token_id", None)
+            eos = getattr(target_model.generation_config, "eos_token_id", None)
         if eos is None:
             return set()
         return {int(eos)} if isinstance(eos, int) else {int(t) for t in eos}

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from torch.nn import Module
 
 from specdraft_eval.engine.drafter import Drafter, Proposal
 from specdraft_eval.engine.graphs import StaticCaches
@@ -30,15 +31,15 @@ class StepProbe:
     context manager) to remove the feature taps."""
 
     @torch.inference_mode()
-    def __init__(self, target, prompt: Sequence[int], drafters: Sequence[Drafter] = (),
+    def __init__(self, target_model: Module, prompt: Sequence[int], drafters: Sequence[Drafter] = (),
                  runtime: StaticCaches | None = None, widths: range = range(1, 2)) -> None:
-        self.target, self.tokens, self.sampler = target, list(prompt), Sampler()
+        self.target_model, self.tokens, self.sampler = target_model, list(prompt), Sampler()
         self.drafters = list(drafters)
         self.reading = [d for d in self.drafters if d.taps]  # heads fed the target's features of every kept position
         if len({d.taps for d in self.reading}) > 1:
             raise SpecdecError("profile heads that read different hidden states of the target one at a time")
-        self.tap = FeatureTap(target, self.reading[0].taps) if self.reading else None
-        self.cache = prefill(target, [self.tokens], runtime.cache(1) if runtime else None)
+        self.tap = FeatureTap(target_model, self.reading[0].taps) if self.reading else None
+        self.cache = prefill(target_model, [self.tokens], runtime.cache(1) if runtime else None)
         prefilled = self.tap.take() if self.tap else None  # [1, prompt - 1, features]
         self.warm_up_seconds = runtime.warm_up(self.cache, widths) if runtime else 0.0
         if self.tap:
@@ -63,23 +64,23 @@ class StepProbe:
     def ingest(self, drafter: Drafter) -> float | None:
         """Seconds per position of ``drafter``'s catch-up on the prompt (its prefill, as the engine times it), None
         where it read nothing."""
-        start = clock(self.target.device)
+        start = clock(self.target_model.device)
         read = drafter.ingest(self.tokens)
-        return (clock(self.target.device) - start) / read if read else None
+        return (clock(self.target_model.device) - start) / read if read else None
 
     @torch.inference_mode()
     def propose(self, drafter: Drafter, gamma: int) -> tuple[float, int]:
         """Seconds ``drafter`` takes to propose up to ``gamma`` tokens here, and how many it proposed."""
-        start = clock(self.target.device)
+        start = clock(self.target_model.device)
         proposal = drafter.propose(self.tokens, gamma, self.sampler)
-        return clock(self.target.device) - start, len(proposal.tokens)
+        return clock(self.target_model.device) - start, len(proposal.tokens)
 
     @torch.inference_mode()
     def verify(self, proposal: Proposal) -> float:
         """Seconds of one verification of ``proposal`` (at least one token), the cache rolled back after it."""
-        start = clock(self.target.device)
-        verify_step(self.target, self.cache, [self.tokens], [proposal], [self.sampler])
-        seconds = clock(self.target.device) - start
+        start = clock(self.target_model.device)
+        verify_step(self.target_model, self.cache, [self.tokens], [proposal], [self.sampler])
+        seconds = clock(self.target_model.device) - start
         if self.tap:
             self.tap.take()  # a rolled-back step's features: nobody's
         self.cache.rollback(len(self.tokens) - 1)
@@ -89,9 +90,9 @@ class StepProbe:
     def advance(self) -> float:
         """Seconds of the target's plain step, which appends its own next token (the drafters that read features
         observe it)."""
-        start = clock(self.target.device)
-        [(_, token)] = verify_step(self.target, self.cache, [self.tokens], [Proposal([])], [self.sampler])
-        seconds = clock(self.target.device) - start
+        start = clock(self.target_model.device)
+        [(_, token)] = verify_step(self.target_model, self.cache, [self.tokens], [Proposal([])], [self.sampler])
+        seconds = clock(self.target_model.device) - start
         features = self.tap.take() if self.tap else None
         for drafter in self.reading:
             drafter.observe(features[0, :1])

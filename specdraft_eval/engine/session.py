@@ -13,6 +13,8 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from torch.nn import Module
+
 from specdraft_eval.engine.drafter import Drafter
 from specdraft_eval.engine.loop import autoregressive_generate_batch, divergence, speculative_generate_batch
 from specdraft_eval.engine.params import DecodeParams, RunSettings, StopCheck
@@ -47,9 +49,9 @@ class Alternation:
 class Session:
     """Runs requests for one target and drafter under one run's settings, with the baseline and its check."""
 
-    def __init__(self, target, drafter: Drafter, run: RunSettings = RunSettings(), baseline: bool = False,
+    def __init__(self, target_model: Module, drafter: Drafter, run: RunSettings = RunSettings(), baseline: bool = False,
                  baseline_first: bool = False, order: Alternation | None = None) -> None:
-        self.target, self.drafter, self.run, self.baseline = target, drafter, run, baseline
+        self.target_model, self.drafter, self.run, self.baseline = target_model, drafter, run, baseline
         self.controller = run.gamma.controller()  # learns about the draft over the whole run
         self.stats: dict[str, GenerationStats] = defaultdict(GenerationStats)
         self.divergences: list[Divergence] = []
@@ -65,12 +67,12 @@ class Session:
         serves one generation); ``repeats``: which copy of its request each row is (its sample stream, the same on
         both sides; default: the engine's count within the batch)."""
         def speculate():
-            return speculative_generate_batch(self.target, self.drafter, prompts, params, run=self.run,
+            return speculative_generate_batch(self.target_model, self.drafter, prompts, params, run=self.run,
                                               stops=stops() if stops else None, gamma_controller=self.controller,
                                               repeats=repeats)
 
         def plain():
-            return autoregressive_generate_batch(self.target, prompts, params, run=self.run,
+            return autoregressive_generate_batch(self.target_model, prompts, params, run=self.run,
                                                  stops=stops() if stops else None, repeats=repeats)
 
         self.batches += 1
@@ -88,7 +90,8 @@ class Session:
             for prompt, new, reference in zip(prompts, outputs, references, strict=True):
                 if not params.do_sample and new != reference:  # both are cut where the stop sequence completes
                     stats.baseline_mismatches += 1
-                    found.append(replace(divergence(self.target, prompt, new, reference) or Divergence(), task=task))
+                    where = divergence(self.target_model, prompt, new, reference) or Divergence()
+                    found.append(replace(where, task=task))
         self.divergences += found
         self.stats[task] += stats
         return Batch(outputs, stats, per_request, found)

@@ -4,6 +4,7 @@ that read them back (:attr:`~specdraft_eval.engine.drafter.Drafter.taps`: EAGLE-
 from __future__ import annotations
 
 import torch
+from torch.nn import Module
 
 from specdraft_eval.engine.drafter import FINAL
 from specdraft_eval.errors import SpecdecError
@@ -15,17 +16,17 @@ class FeatureTap:
     pass's, concatenated in tap order: ``[rows, columns, len(taps) * hidden]``; with ``history``, :meth:`passes`
     returns every pass's."""
 
-    def __init__(self, target, taps: tuple[int, ...], history: bool = False) -> None:
+    def __init__(self, target_model: Module, taps: tuple[int, ...], history: bool = False) -> None:
         self._seen: dict[int, torch.Tensor] = {}
         self._taps = taps
         self._history: list[torch.Tensor] | None = [] if history else None
         self._hooks = []
-        layers = decoder_layers(target)
+        layers = decoder_layers(target_model)
         for tap in taps:
             if tap == FINAL:
-                norm = getattr(target.base_model, "norm", None)
+                norm = getattr(target_model.base_model, "norm", None)
                 if norm is None:
-                    raise SpecdecError(f"{type(target).__name__} has no final norm to read features from: use a "
+                    raise SpecdecError(f"{type(target_model).__name__} has no final norm to read features from: use a "
                                        "draft model instead of an EAGLE head")
                 self._hooks.append(norm.register_forward_hook(self._output_hook(tap)))
             elif 0 <= tap < len(layers):

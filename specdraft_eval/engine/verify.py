@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch.nn import Module
 
 from specdraft_eval.engine import host
 from specdraft_eval.engine.drafter import Proposal
@@ -129,7 +130,7 @@ def accept(logits: torch.Tensor, proposals: list[Proposal], samplers: list[Sampl
     return verdicts
 
 
-def verify_step(target, cache: BatchCache, tokens: list[list[int]], proposals: list[Proposal],
+def verify_step(target_model: Module, cache: BatchCache, tokens: list[list[int]], proposals: list[Proposal],
                 samplers: list[Sampler]) -> list[tuple[list[int], int]]:
     """One verification of every row: run ``[last, *drafted]`` through the target on top of ``cache`` (which holds
     all of each row's ``tokens`` but the last; a tree's nodes see only their ancestors), accept, and drop the
@@ -138,7 +139,7 @@ def verify_step(target, cache: BatchCache, tokens: list[list[int]], proposals: l
     width = 1 + max(len(p.tokens) for p in proposals)
     branching = any(p.parents is not None and p.parents != list(range(-1, len(p.tokens) - 1)) for p in proposals)
     trees = [[-1, *(1 + parent for parent in p.tree)] for p in proposals] if branching else None  # parent columns
-    logits = cache.forward(target, [[row[-1], *p.tokens] for row, p in zip(tokens, proposals, strict=True)],
+    logits = cache.forward(target_model, [[row[-1], *p.tokens] for row, p in zip(tokens, proposals, strict=True)],
                            width, trees=trees)  # [rows, width, vocab]
     verdicts = accept(logits, proposals, samplers)
     cache.keep([[0, *(1 + node for node in path)] for path, _ in verdicts])

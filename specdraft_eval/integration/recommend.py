@@ -26,10 +26,11 @@ from packaging.version import InvalidVersion, Version
 
 from specdraft_eval import published
 from specdraft_eval.drafts.spec import AUTO, DraftSpec, draft_kinds, replaced
+from specdraft_eval.engine.params import RunSettings
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.files import RecordWarning
 from specdraft_eval.measure.environment import hardware, versions
-from specdraft_eval.models.targets import ALIASES, Target, runtime_of
+from specdraft_eval.models.targets import ALIASES, Target
 from specdraft_eval.results import store
 from specdraft_eval.results.record import Configuration, RunKey, Runtime, configurations, scan_results
 
@@ -198,7 +199,7 @@ def resolve_auto(target: Target, runtime: Runtime | None = None, batch_size: int
         raise SpecdecError("draft=auto needs a target loaded by name (load_target(NAME)): its name picks the "
                            "measured results; load it so, or name a draft")
     return recommend(target.name, task, hardware=hardware(target.model.device),
-                     runtime=runtime or runtime_of(target.model), batch_size=batch_size)
+                     runtime=runtime or RunSettings().runtime(target.model), batch_size=batch_size)
 
 
 def resolve_draft(draft: str, target: Target) -> str:

@@ -21,7 +21,7 @@ from specdraft_eval.integration.recommend import recommend
 from specdraft_eval.integration.vllm_engine import VllmRun, VllmSession, vllm_model_dir
 from specdraft_eval.measure.environment import ModelFacts, hardware
 from specdraft_eval.models import kernels as kernel_paths
-from specdraft_eval.models.targets import Target, runtime_of
+from specdraft_eval.models.targets import Target
 from specdraft_eval.results.profiles import default_profile_path, read_profile
 from specdraft_eval.results.record import Runtime, SpecdecRecord
 
@@ -71,7 +71,7 @@ class RunPlan:
     @property
     def runtime(self) -> Runtime:
         """What our engine decodes with: the target's dtype, kernels and attention, static cache, compiled steps."""
-        return runtime_of(self.target.model, self.args.static_cache, self.args.compile)
+        return self.args.run().runtime(self.target.model)
 
     def sessions(self) -> list[Session | VllmSession]:
         return self.auto.all_sessions() if self.auto else [self.session]

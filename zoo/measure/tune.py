@@ -31,7 +31,7 @@ from specdraft_eval.integration.autotune import Contender, Halving, candidate_se
 from specdraft_eval.integration.offline_data import TASK_STOPS, task_prompts
 from specdraft_eval.measure.environment import hardware
 from specdraft_eval.measure.stats import GenerationStats
-from specdraft_eval.models.targets import LoadSettings, runtime_of
+from specdraft_eval.models.targets import LoadSettings
 from specdraft_eval.results import store
 from specdraft_eval.results.record import SpecdecRecord
 from zoo.build.held_in import tuning_prompts
@@ -177,7 +177,7 @@ def tune(target_name: str, task: str, settings: LoadSettings, batch_size: int = 
         used, per = used + len(indices), per * 2
     winner = halving.winner
     result = TuneResult(target_name, task, hardware(model.device), batch_size, budget_minutes, 0.0, skipped=skipped)
-    runtime = runtime_of(model)
+    runtime = RunSettings().runtime(model)  # every contender's session runs the default settings
     for contender in halving.alive:
         record = SpecdecRecord.new(target_name, contender.drafter.name, contender.policy.num_draft_tokens, True,
                                    model.device, {task: contender.stats}, contender.drafter.model, runtime=runtime,

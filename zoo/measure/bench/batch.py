@@ -29,7 +29,7 @@ from specdraft_eval.measure.environment import ModelFacts, dtype_name, hardware
 from specdraft_eval.measure.stats import GenerationStats
 from specdraft_eval.measure.timers import peak_memory_mb
 from specdraft_eval.models.kernels import distinct_weight_bytes
-from specdraft_eval.models.targets import LoadSettings, runtime_of
+from specdraft_eval.models.targets import LoadSettings
 from specdraft_eval.results import store
 from specdraft_eval.results.profiles import Spread
 from specdraft_eval.results.record import SpecdecRecord
@@ -181,7 +181,7 @@ def study(target_name: str, drafts: list[str], prompts: list[str], plan: BenchPl
         """Each configuration measured goes to this machine's results store, where draft=auto reads it first."""
         record = SpecdecRecord.new(target_name, drafter.name, policy.num_draft_tokens, policy.dynamic_gamma,
                                    target.model.device, {task or "default": stats}, drafter.model,
-                                   runtime=runtime_of(target.model), batch_size=size,
+                                   runtime=RunSettings(policy).runtime(target.model), batch_size=size,
                                    kind_versions=kind_versions(drafter.name))
         store.save(record, "zoo bench")
 
