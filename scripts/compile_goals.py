@@ -26,14 +26,14 @@ from pathlib import Path
 from tabulate import tabulate
 
 ROOT = Path(__file__).resolve().parents[1]
-RUNTIMES = {"eager": "", "static": ",static_cache=true", "compile": ",compile=true"}
+CACHE_SETTINGS = {"eager": "", "static": ",static_cache=true", "compile": ",compile=true"}
 FIGURES = ("tokens_per_second", "baseline_tokens_per_second", "speedup", "tar", "compile_seconds", "recompiles",
            "baseline_mismatches")
 
 
 def run(name: str, args: argparse.Namespace, out: Path) -> dict:
     gamma = ",dynamic_gamma=true" if args.dynamic else f",num_draft_tokens={args.gamma}"
-    model_args = f"pretrained={args.target},draft={args.draft},baseline=true{gamma}{RUNTIMES[name]}"
+    model_args = f"pretrained={args.target},draft={args.draft},baseline=true{gamma}{CACHE_SETTINGS[name]}"
     folder = out / name
     command = [str(Path(sys.executable).parent / "lm_eval"), "--model", "specdec", "--model_args", model_args,
                "--include_path", str(ROOT / "tasks"), "--tasks", args.task, "--limit", str(args.limit),
