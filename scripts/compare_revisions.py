@@ -1,11 +1,13 @@
 """Our engine's speed at another revision against the working tree's, measured side by side.
 
     python scripts/compare_revisions.py REV [--rounds 3] [--drafts prompt-lookup] [--limit 2] [--max-new-tokens 64]
+                                        [--batch-sizes 1,4,8]
 
 Checks REV out as a temporary git worktree and runs ``zoo bench --json`` alternately from it and from this tree
 (``PYTHONPATH`` picks the code; the same environment, kernels and prompts), ``--rounds`` times each. Prints, per
 configuration of our engine, the median tokens/s of each side over the rounds (min–max beside) and the ratio of
-the medians: a layout change should leave it at 1.0 within this machine's noise.
+the medians: a layout change should leave it at 1.0 within this machine's noise. With ``--batch-sizes``, ``zoo
+bench --batch-size`` runs instead: speculative and plain tokens/s of each draft at each batch size.
 """
 
 from __future__ import annotations
@@ -42,12 +44,18 @@ def bench(code: Path, args: argparse.Namespace, site: Path) -> dict[tuple[str, s
     repeats) per engine and draft."""
     argv = ["zoo", "bench", "--target", args.target, "--limit", str(args.limit), "--repeats", "1",
             "--max-new-tokens", str(args.max_new_tokens), "--json"] + [a for d in args.drafts for a in ("--drafts", d)]
+    if args.batch_sizes:
+        argv += ["--batch-size", args.batch_sizes]
     done = subprocess.run([sys.executable, "-c", f"import sys; sys.argv = {argv!r}; from zoo.cli import app; app()"],
                           env={**os.environ, "PYTHONPATH": f"{code}{os.pathsep}{site}"}, capture_output=True,
                           text=True, cwd=code)
     if done.returncode:
         raise SystemExit(f"zoo bench failed in {code}: {done.stderr.strip().splitlines()[-1]}")
-    rows = json.loads(done.stdout)["configs"]
+    found = json.loads(done.stdout)
+    if args.batch_sizes:
+        return {(f"b{r['batch_size']} {side}", r["draft"]): r[key]["median"] for r in found["rows"]
+                for side, key in (("specdraft", "tokens_per_second"), ("plain", "plain_tokens_per_second"))}
+    rows = found["configs"]
     return {(r["engine"], r["draft"]): r["tokens_per_second"]["median"] for r in rows if r["engine"] in OURS}
 
 
@@ -59,6 +67,7 @@ def main() -> None:
     parser.add_argument("--drafts", action="append", default=None)
     parser.add_argument("--limit", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--batch-sizes", default=None, help="e.g. 1,4,8: the batch study instead")
     args = parser.parse_args()
     args.drafts = args.drafts or ["prompt-lookup"]
     with tempfile.TemporaryDirectory() as tmp:

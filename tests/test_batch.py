@@ -13,6 +13,7 @@ from specdraft_eval.engine.kv_cache import BatchCache
 from specdraft_eval.engine.loop import (
     autoregressive_generate,
     autoregressive_generate_batch,
+    prefill,
     speculative_generate,
     speculative_generate_batch,
 )
@@ -194,3 +195,40 @@ def test_head_passes_and_host_reads_per_step_do_not_grow_with_the_batch(target, 
             hook.remove()
     assert seen[1] == seen[4] == seen[8], seen
     assert seen[1][1] <= 1 + 3  # the verifier's one read, and a model draft's one per drafted position
+
+
+@pytest.mark.parametrize("kernels", ["plain", "onednn"])
+def test_a_padded_step_feeds_its_linear_layers_the_real_tokens_only(monkeypatch, kernels):
+    """Rows that fed fewer tokens than the widest (one drafted four, the others nothing) run only their real tokens
+    through the linear layers, and every real token's logits are what the padded step gives (kernels: PyTorch's
+    linears and oneDNN's pre-packed ones, which the hooks must both reach). Control: with the padding fed
+    (MOST_REAL 0: never gather), the linear layers see every column."""
+    from specdraft_eval.engine import ragged
+    from specdraft_eval.models.kernels import apply
+
+    target = tiny_llama(seed=5, layers=2)
+    if kernels == "onednn":
+        apply(target, "onednn")
+    prompts = [[1, 2, 3, 4, 5], [6, 7, 8], [9, 10, 11, 12], [13, 14]]
+    fed = [[5, 20, 21, 22, 23], [8], [12], [14]]  # [last, *drafted]: one row drafted four tokens
+
+    ragged._HOOKED[target] = ragged._Gather(target)  # its hooks first: the counting hooks below see what they pass
+
+    def step(most_real: float) -> tuple[torch.Tensor, set[int]]:
+        monkeypatch.setattr(ragged, "MOST_REAL", most_real)
+        seen: list[int] = []
+        with torch.inference_mode():
+            cache = prefill(target, prompts)  # padded too: gathered or not, as the step
+            handles = [m.register_forward_pre_hook(lambda m, args: seen.append(args[0].shape[:-1].numel()))
+                       for m in target.modules() if isinstance(m, torch.nn.Linear) or hasattr(m, "packed")]
+            logits = cache.forward(target, fed, 5)
+        for handle in handles:
+            handle.remove()
+        return logits, set(seen)
+
+    gathered, seen = step(0.75)
+    padded, seen_padded = step(0.0)
+    assert seen_padded == {len(prompts) * 5}  # control: every column, padding included
+    assert seen == {sum(map(len, fed))}  # the step's linears saw the 8 real tokens only
+    for row, tokens in enumerate(fed):
+        torch.testing.assert_close(gathered[row, : len(tokens)], padded[row, : len(tokens)], rtol=1e-5, atol=1e-5)

@@ -12,6 +12,7 @@ import torch
 from transformers import DynamicCache, StaticCache
 from transformers.cache_utils import Cache, StaticLayer
 
+from specdraft_eval.engine.ragged import real_tokens_only
 from specdraft_eval.errors import SpecdecError
 
 ATTEND_STEP = 256  # a compiled step over a static cache attends over a multiple of this many positions
@@ -373,10 +374,11 @@ class BatchCache:
         keys = self.storage.reach(start + width, self.step is not None, reach)  # what attention reads
         ids, attention, position_ids = self.rows.inputs(tokens, start, keys, model, trees, self.storage.widen, layout)
         self.storage.attend(keys)
-        logits = (self.step or model)(input_ids=ids, attention_mask=attention, position_ids=position_ids,
-                                      cache=self.cache, use_cache=True,
-                                      logits_to_keep=0 if keep_logits == width else keep_logits
-                                      ).logits  # [bucket, keep_logits, vocab]
+        with real_tokens_only(self.step or model, [len(row) for row in tokens], width, tuple(ids.shape)):
+            logits = (self.step or model)(input_ids=ids, attention_mask=attention, position_ids=position_ids,
+                                          cache=self.cache, use_cache=True,
+                                          logits_to_keep=0 if keep_logits == width else keep_logits
+                                          ).logits  # [bucket, keep_logits, vocab]
         if not all(tokens if start == 0 else tokens[:live]):
             # a row with nothing real attended to nothing: its padded columns may hold NaN
             for layer in self.cache.layers:
