@@ -1,13 +1,13 @@
-"""Outputs and records of three ``lm_eval --model specdec`` runs at another revision against the working tree's.
+"""Outputs and records of four ``lm_eval --model specdec`` runs at another revision against the working tree's.
 
     python scripts/compare_outputs.py REV [--new REV2] [--limit 3] [--max-gen-toks 48]
 
-A refactoring must not change a token or a count: this runs the same three runs (prompt lookup greedy with the
-plain baseline, the shipped EAGLE head as a tree, seeded sampling with the suffix draft) from REV, checked out as a
-temporary git worktree, and from this tree (or from ``--new``, another worktree), ``PYTHONPATH`` picking the code as
-in ``compare_revisions.py``. It compares each sample's generated text and each record's counters, per task and in
-total. Timings (seconds, tokens/s, speedups, latencies, memory) differ from run to run and are left out. Exit code 0
-only when everything is equal.
+A refactoring must not change a token or a count: this runs the same runs (prompt lookup greedy with the plain
+baseline, alone and in batches of 4; the shipped EAGLE head as a tree; seeded sampling with the suffix draft) from
+REV, checked out as a temporary git worktree, and from this tree (or from ``--new``, another worktree),
+``PYTHONPATH`` picking the code as in ``compare_revisions.py``. It compares each sample's generated text and each
+record's counters, per task and in total. Timings (seconds, tokens/s, speedups, latencies, memory) differ from run
+to run and are left out. Exit code 0 only when everything is equal.
 """
 
 from __future__ import annotations
@@ -24,10 +24,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compare_revisions import kinds_site  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-RUNS = {
-    "prompt-lookup": ("draft=prompt-lookup,baseline=true", ""),
-    "eagle-tree": ("draft=eagle:leaderboard/drafts/smollm2-eagle@2x3,num_draft_tokens=6", ""),
-    "suffix-sampled": ("draft=suffix,baseline=true", "do_sample=True,temperature=0.8"),
+RUNS = {  # name: model_args, gen_kwargs beyond the budget, lm_eval's batch size
+    "prompt-lookup": ("draft=prompt-lookup,baseline=true", "", 1),
+    "eagle-tree": ("draft=eagle:leaderboard/drafts/smollm2-eagle@2x3,num_draft_tokens=6", "", 1),
+    "suffix-sampled": ("draft=suffix,baseline=true", "do_sample=True,temperature=0.8", 1),
+    "prompt-lookup-batch-4": ("draft=prompt-lookup,baseline=true", "", 4),
 }
 TIMING = ("second", "latenc", "speedup", "time", "predicted", "memory", "tokens_per_s", "_ms", "ms_", "overhead",
           "versions", "hardware", "date")
@@ -44,11 +45,12 @@ def untimed(value):
 
 def run(code: Path, site: Path, name: str, out: Path, limit: int, max_gen_toks: int) -> dict:
     """One run from ``code``: its samples' outputs and its specdec record without timings."""
-    model_args, sampling = RUNS[name]
+    model_args, sampling, batch_size = RUNS[name]
     gen = f"max_gen_toks={max_gen_toks}" + (f",{sampling}" if sampling else "")
     argv = ["lm_eval", "--model", "specdec", "--model_args", f"pretrained=smollm2-135m-instruct,{model_args}",
             "--include_path", str(code / "tasks"), "--tasks", "specdec_humaneval", "--limit", str(limit),
             "--gen_kwargs", gen, "--confirm_run_unsafe_code", "--seed", "1234", "--log_samples",
+            "--batch_size", str(batch_size),
             "--output_path", str(out)]
     done = subprocess.run([sys.executable, "-c", f"import sys; sys.argv = {argv!r}; "
                            "from lm_eval.__main__ import cli_evaluate; cli_evaluate()"],

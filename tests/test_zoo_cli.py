@@ -167,3 +167,28 @@ def test_text_tables_fit_a_120_column_terminal(tiny, tmp_path):
     assert lines[0].startswith("zoo validate: 1 configuration(s) x 1 repeat(s) x 1 prompt(s)")
     assert lines[1].strip().startswith("2 generations of up to 32 tokens")
     assert [line for line in lines if len(line) > 120] == [] and "| task" in checked.output
+
+
+def test_zoo_compare_dynamic_gamma_reaches_our_engine_only(monkeypatch, tmp_path):
+    """`zoo compare --dynamic-gamma` hands the flag to the comparison (ours chooses γ per step; vLLM's run keeps γ):
+    the JSON says so. Control: without the flag, the comparison is told False."""
+    from typer.testing import CliRunner
+
+    from zoo.cli import app
+    from zoo.measure import engines
+
+    told = []
+
+    def fake(target, draft, prompts, gamma, max_new_tokens, sizes, repeats, tick, dynamic_gamma=False):
+        told.append(dynamic_gamma)
+        return engines.EngineComparison(target, draft, gamma, max_new_tokens, len(prompts), "0",
+                                        dynamic_gamma=dynamic_gamma)
+
+    monkeypatch.setattr(engines, "compare_engines", fake)
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps(["def f():", "def g():"]))
+    for flag in (["--dynamic-gamma"], []):
+        result = CliRunner().invoke(app, ["compare", "--prompts", str(prompts), "--limit", "2", "--json", *flag])
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.output[result.output.index("{"):])["dynamic_gamma"] is bool(flag)
+    assert told == [True, False]

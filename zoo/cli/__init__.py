@@ -229,6 +229,8 @@ def compare(
     max_new_tokens: MaxNewOpt = 64,
     batch_size: Annotated[str, typer.Option("--batch-size", help="Comma-separated batch sizes.")] = "1",
     repeats: RepeatsOpt = 3,
+    dynamic_gamma: Annotated[bool, typer.Option("--dynamic-gamma", help="Our engine chooses γ per step (vLLM drafts "
+                                                "γ every step): our best configuration beside vLLM's.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Our engine against vLLM (engine=vllm: .venv-vllm) on the same prompts and draft, per batch size: outputs
@@ -241,11 +243,12 @@ def compare(
     sizes = parse_positive_ints(batch_size, "--batch-size")
     texts = load_prompts(task, prompts, limit)
     with progress("comparing engines") as tick:
-        result = compare_engines(target, draft, texts, gamma, max_new_tokens, sizes, repeats, tick)
+        result = compare_engines(target, draft, texts, gamma, max_new_tokens, sizes, repeats, tick, dynamic_gamma)
     if as_json:
         return emit(result.to_json(), True)
-    typer.echo(f"target {target}, draft {result.draft}, γ={gamma}: {len(texts)} prompts × {max_new_tokens} new "
-               f"tokens, greedy, {repeats} repeats (median [min–max]); vLLM {result.vllm_version}")
+    ours_gamma = f"ours dynamic from {gamma}, vLLM {gamma}" if dynamic_gamma else str(gamma)
+    typer.echo(f"target {target}, draft {result.draft}, γ={ours_gamma}: {len(texts)} prompts × {max_new_tokens} "
+               f"new tokens, greedy, {repeats} repeats (median [min–max]); vLLM {result.vllm_version}")
     emit([{"engine": r.engine, "batch": r.batch_size, "tok/s": spread_text(r.tokens_per_second, ".1f"),
            "plain tok/s": spread_text(r.plain_tokens_per_second, ".1f"), "speedup": spread_text(r.speedup, ".2f"),
            "vLLM MAL": r.mean_acceptance_length, "accept by position": " ".join(f"{x:.2f}" for x in
