@@ -169,9 +169,9 @@ def test_text_tables_fit_a_120_column_terminal(tiny, tmp_path):
     assert [line for line in lines if len(line) > 120] == [] and "| task" in checked.output
 
 
-def test_zoo_compare_dynamic_gamma_reaches_our_engine_only(monkeypatch, tmp_path):
-    """`zoo compare --dynamic-gamma` hands the flag to the comparison (ours chooses γ per step; vLLM's run keeps γ):
-    the JSON says so. Control: without the flag, the comparison is told False."""
+def test_zoo_compare_dynamic_gamma_and_static_cache_reach_our_engine_only(monkeypatch, tmp_path):
+    """`zoo compare --dynamic-gamma --static-cache` hands both to the comparison (ours chooses γ per step over a
+    preallocated cache; vLLM's run keeps γ): the JSON says so. Control: without the flags, it is told False."""
     from typer.testing import CliRunner
 
     from zoo.cli import app
@@ -179,16 +179,18 @@ def test_zoo_compare_dynamic_gamma_reaches_our_engine_only(monkeypatch, tmp_path
 
     told = []
 
-    def fake(target, draft, prompts, gamma, max_new_tokens, sizes, repeats, tick, dynamic_gamma=False):
-        told.append(dynamic_gamma)
+    def fake(target, draft, prompts, gamma, max_new_tokens, sizes, repeats, tick, dynamic_gamma=False,
+             static_cache=False):
+        told.append((dynamic_gamma, static_cache))
         return engines.EngineComparison(target, draft, gamma, max_new_tokens, len(prompts), "0",
-                                        dynamic_gamma=dynamic_gamma)
+                                        dynamic_gamma=dynamic_gamma, static_cache=static_cache)
 
     monkeypatch.setattr(engines, "compare_engines", fake)
     prompts = tmp_path / "prompts.json"
     prompts.write_text(json.dumps(["def f():", "def g():"]))
-    for flag in (["--dynamic-gamma"], []):
-        result = CliRunner().invoke(app, ["compare", "--prompts", str(prompts), "--limit", "2", "--json", *flag])
+    for flags in (["--dynamic-gamma", "--static-cache"], []):
+        result = CliRunner().invoke(app, ["compare", "--prompts", str(prompts), "--limit", "2", "--json", *flags])
         assert result.exit_code == 0, result.output
-        assert json.loads(result.output[result.output.index("{"):])["dynamic_gamma"] is bool(flag)
-    assert told == [True, False]
+        data = json.loads(result.output[result.output.index("{"):])
+        assert data["dynamic_gamma"] is data["static_cache"] is bool(flags)
+    assert told == [(True, True), (False, False)]

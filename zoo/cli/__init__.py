@@ -231,6 +231,8 @@ def compare(
     repeats: RepeatsOpt = 3,
     dynamic_gamma: Annotated[bool, typer.Option("--dynamic-gamma", help="Our engine chooses γ per step (vLLM drafts "
                                                 "γ every step): our best configuration beside vLLM's.")] = False,
+    static_cache: Annotated[bool, typer.Option("--static-cache", help="Our engine (both sides) over a preallocated "
+                                               "KV cache (model_args static_cache=true).")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Our engine against vLLM (engine=vllm: .venv-vllm) on the same prompts and draft, per batch size: outputs
@@ -243,7 +245,8 @@ def compare(
     sizes = parse_positive_ints(batch_size, "--batch-size")
     texts = load_prompts(task, prompts, limit)
     with progress("comparing engines") as tick:
-        result = compare_engines(target, draft, texts, gamma, max_new_tokens, sizes, repeats, tick, dynamic_gamma)
+        result = compare_engines(target, draft, texts, gamma, max_new_tokens, sizes, repeats, tick, dynamic_gamma,
+                                 static_cache)
     if as_json:
         return emit(result.to_json(), True)
     ours_gamma = f"ours dynamic from {gamma}, vLLM {gamma}" if dynamic_gamma else str(gamma)

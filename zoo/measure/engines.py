@@ -6,7 +6,8 @@ Each repeat decodes every prompt in batches of each size four ways: our engine s
 :class:`~specdraft_eval.integration.vllm_engine.VllmSession`, its two servers), the two engines in alternating order
 from repeat to repeat. Greedy, no stop strings (each request ends at its token budget or EOS, so vLLM reports every
 request's own metrics). With ``dynamic_gamma`` our engine chooses γ each step (between 0 and 4x γ; vLLM has no such
-mode and drafts γ always): its best configuration beside vLLM's. Acceptance is compared as vLLM counts it (per
+mode and drafts γ always): its best configuration beside vLLM's; with ``static_cache`` ours (both sides) decodes over a
+preallocated KV cache. Acceptance is compared as vLLM counts it (per
 position: steps whose draft token i was accepted over drafts; mean acceptance length), from the first repeat. Every
 measurement starts from a fresh draft state in both engines (a stateful draft, such as suffix decoding's cache: a
 new vLLM server). Times are end to end (prefill included) for both: vLLM's as its client sees them, over HTTP on the
@@ -61,6 +62,7 @@ class EngineComparison:
     vllm_version: str
     rows: list[EngineRow] = field(default_factory=list)
     dynamic_gamma: bool = False  # ours chose γ per step (vLLM: γ every step)
+    static_cache: bool = False  # ours decoded over a preallocated KV cache
 
     def position_difference(self, batch_size: int) -> float | None:
         """max |ours - vLLM's| over positions of the per-position acceptance at ``batch_size``."""
@@ -73,7 +75,7 @@ class EngineComparison:
         sizes = sorted({r.batch_size for r in self.rows})
         return {"target": self.target, "draft": self.draft, "num_draft_tokens": self.num_draft_tokens,
                 "max_new_tokens": self.max_new_tokens, "prompts": self.prompts, "vllm_version": self.vllm_version,
-                "dynamic_gamma": self.dynamic_gamma,
+                "dynamic_gamma": self.dynamic_gamma, "static_cache": self.static_cache,
                 "rows": [r.to_json() for r in self.rows],
                 "acceptance_difference_by_batch_size": {str(s): self.position_difference(s) for s in sizes}}
 
@@ -88,7 +90,7 @@ def _acceptance(stats: GenerationStats) -> tuple[float | None, list[float]]:
 
 def compare_engines(target_name: str, draft: str, prompts: list[str], num_draft_tokens: int, max_new_tokens: int,
                     batch_sizes: list[int], repeats: int, tick: Tick = no_progress,
-                    dynamic_gamma: bool = False) -> EngineComparison:
+                    dynamic_gamma: bool = False, static_cache: bool = False) -> EngineComparison:
     """Decode ``prompts`` with ``draft`` in both engines at each batch size (see the module's docstring)."""
     target = load_target(target_name, kernels="onednn")
     drafter = load_draft(draft, target)
@@ -96,12 +98,12 @@ def compare_engines(target_name: str, draft: str, prompts: list[str], num_draft_
     run = VllmRun(vllm_model_dir(target_name), draft, num_draft_tokens, baseline=True, max_num_seqs=max(batch_sizes),
                   max_model_len=max(len(i) for i in ids) + max_new_tokens + num_draft_tokens + 8)
     params = DecodeParams(max_new_tokens)
-    ours = RunSettings(GammaPolicy(num_draft_tokens, dynamic_gamma), steps_as_vllm=True)
+    ours = RunSettings(GammaPolicy(num_draft_tokens, dynamic_gamma), static_cache=static_cache, steps_as_vllm=True)
     stateful = drafter.fresh() is not drafter  # (a suffix cache: fresh for every measurement in both engines)
     tick(0, total=len(batch_sizes) * repeats * 2)
     vllm = VllmSession(run, target.model)
     result = EngineComparison(target_name, drafter.name, num_draft_tokens, max_new_tokens, len(ids), vllm.version,
-                              dynamic_gamma=dynamic_gamma)
+                              dynamic_gamma=dynamic_gamma, static_cache=static_cache)
     try:
         for size in batch_sizes:
             measured: dict[str, list[tuple[GenerationStats, list[list[int]]]]] = {e: [] for e in ENGINES}
