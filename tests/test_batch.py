@@ -212,13 +212,12 @@ def test_a_padded_step_feeds_its_linear_layers_the_real_tokens_only(monkeypatch,
     prompts = [[1, 2, 3, 4, 5], [6, 7, 8], [9, 10, 11, 12], [13, 14]]
     fed = [[5, 20, 21, 22, 23], [8], [12], [14]]  # [last, *drafted]: one row drafted four tokens
 
-    ragged._HOOKED[target] = ragged._Gather(target)  # its hooks first: the counting hooks below see what they pass
-
     def step(most_real: float) -> tuple[torch.Tensor, set[int]]:
         monkeypatch.setattr(ragged, "MOST_REAL", most_real)
         seen: list[int] = []
         with torch.inference_mode():
             cache = prefill(target, prompts)  # padded too: gathered or not, as the step
+            # (the step's own hooks come first: these count what the linear layers are handed)
             handles = [m.register_forward_pre_hook(lambda m, args: seen.append(args[0].shape[:-1].numel()))
                        for m in target.modules() if isinstance(m, torch.nn.Linear) or hasattr(m, "packed")]
             logits = cache.forward(target, fed, 5)

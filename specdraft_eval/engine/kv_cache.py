@@ -374,7 +374,7 @@ class BatchCache:
         keys = self.storage.reach(start + width, self.step is not None, reach)  # what attention reads
         ids, attention, position_ids = self.rows.inputs(tokens, start, keys, model, trees, self.storage.widen, layout)
         self.storage.attend(keys)
-        with real_tokens_only(self.step or model, [len(row) for row in tokens], width, tuple(ids.shape)):
+        with real_tokens_only(self.step or model, [len(row) for row in tokens], width):
             logits = (self.step or model)(input_ids=ids, attention_mask=attention, position_ids=position_ids,
                                           cache=self.cache, use_cache=True,
                                           logits_to_keep=0 if keep_logits == width else keep_logits

@@ -123,8 +123,7 @@ class RunSettings:
         """``run`` (default: the defaults) with the run-level keywords among ``settings`` taken out and applied:
         ``num_draft_tokens``, ``dynamic_gamma``, ``static_cache``, ``compile``, ``capacity``."""
         run = run or cls()
-        gamma = {name: settings.pop(key) for key, name in (("num_draft_tokens", "num_draft_tokens"),
-                                                          ("dynamic_gamma", "dynamic_gamma")) if key in settings}
+        gamma = {key: settings.pop(key) for key in ("num_draft_tokens", "dynamic_gamma") if key in settings}
         fields = {key: settings.pop(key) for key in ("static_cache", "compile", "capacity") if key in settings}
         if gamma:
             fields["gamma"] = replace(run.gamma, **gamma)
