@@ -1,13 +1,15 @@
 """Our engine's speed at another revision against the working tree's, measured side by side.
 
     python scripts/compare_revisions.py REV [--rounds 3] [--drafts prompt-lookup] [--limit 2] [--max-new-tokens 64]
-                                        [--batch-sizes 1,4,8]
+                                        [--batch-sizes 1,4,8 [--gamma dynamic]]
 
 Checks REV out as a temporary git worktree and runs ``zoo bench --json`` alternately from it and from this tree
 (``PYTHONPATH`` picks the code; the same environment, kernels and prompts), ``--rounds`` times each. Prints, per
 configuration of our engine, the median tokens/s of each side over the rounds (min–max beside) and the ratio of
 the medians: a layout change should leave it at 1.0 within this machine's noise. With ``--batch-sizes``, ``zoo
-bench --batch-size`` runs instead: speculative and plain tokens/s of each draft at each batch size.
+bench --batch-size`` runs instead: speculative and plain tokens/s of each draft at each batch size and the speedup
+(the median over a run's repeats of speculative over plain, measured side by side; ``--gamma``: its γs, e.g.
+``2,dynamic``).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def bench(code: Path, args: argparse.Namespace, site: Path) -> dict[tuple[str, s
     argv = ["zoo", "bench", "--target", args.target, "--limit", str(args.limit), "--repeats", "1",
             "--max-new-tokens", str(args.max_new_tokens), "--json"] + [a for d in args.drafts for a in ("--drafts", d)]
     if args.batch_sizes:
-        argv += ["--batch-size", args.batch_sizes]
+        argv += ["--batch-size", args.batch_sizes] + (["--gamma", args.gamma] if args.gamma else [])
     done = subprocess.run([sys.executable, "-c", f"import sys; sys.argv = {argv!r}; from zoo.cli import app; app()"],
                           env={**os.environ, "PYTHONPATH": f"{code}{os.pathsep}{site}"}, capture_output=True,
                           text=True, cwd=code)
@@ -53,8 +55,10 @@ def bench(code: Path, args: argparse.Namespace, site: Path) -> dict[tuple[str, s
         raise SystemExit(f"zoo bench failed in {code}: {done.stderr.strip().splitlines()[-1]}")
     found = json.loads(done.stdout)
     if args.batch_sizes:
-        return {(f"b{r['batch_size']} {side}", r["draft"]): r[key]["median"] for r in found["rows"]
-                for side, key in (("specdraft", "tokens_per_second"), ("plain", "plain_tokens_per_second"))}
+        return {(f"b{r['batch_size']} γ {r['gamma']} {side}", r["draft"]): r[key]["median"] if side != "speedup"
+                else r[key] for r in found["rows"]
+                for side, key in (("specdraft", "tokens_per_second"), ("plain", "plain_tokens_per_second"),
+                                  ("speedup", "speedup"))}
     rows = found["configs"]
     return {(r["engine"], r["draft"]): r["tokens_per_second"]["median"] for r in rows if r["engine"] in OURS}
 
@@ -68,6 +72,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--batch-sizes", default=None, help="e.g. 1,4,8: the batch study instead")
+    parser.add_argument("--gamma", default=None, help="with --batch-sizes: γs, e.g. 4,dynamic")
     args = parser.parse_args()
     args.drafts = args.drafts or ["prompt-lookup"]
     with tempfile.TemporaryDirectory() as tmp:
@@ -86,7 +91,7 @@ def main() -> None:
     print(f"tokens/s, median [min–max] over {args.rounds} alternated rounds; {args.rev} vs this tree")
     for key in runs["tree"][0]:
         old, new = ([r[key] for r in runs[side]] for side in ("rev", "tree"))
-        print(f"{key[0]:22s} {key[1] or '-':18s} {statistics.median(old):7.2f} [{min(old):.2f}–{max(old):.2f}]  "
+        print(f"{key[0]:28s} {key[1] or '-':18s} {statistics.median(old):7.2f} [{min(old):.2f}–{max(old):.2f}]  "
               f"{statistics.median(new):7.2f} [{min(new):.2f}–{max(new):.2f}]  "
               f"ratio {statistics.median(new) / statistics.median(old):.3f}")
 

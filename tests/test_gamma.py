@@ -117,7 +117,7 @@ class Scripted(GammaController):
         super().__init__(script[0], 8)
         self.next, self.script = script[0], script[1:]
 
-    def update(self, drafted, accepted, draft_seconds: float, verify_seconds: float) -> None:
+    def update(self, drafted, accepted, draft_seconds: float, verify_seconds: float, asked=None) -> None:
         self.next = self.script.pop(0) if self.script else 2
 
     def choose(self, rows: int) -> int:
@@ -276,3 +276,29 @@ def test_probes_where_they_cost_a_step_are_rare_and_back_off_even_when_accepted(
         controller.update([gamma] * 16, [gamma] * 16, 0.004 * gamma, 0.100 * (gamma + 1))  # all accepted
     probes = [i for i, gamma in enumerate(drafted) if gamma and i > 1]
     assert len(probes) <= 400 * PROBE_SHARE and controller.probe_every > 4
+
+
+def _sometimes_drafting(cost, steps: int = 200) -> list[int]:
+    """A batch of 4 whose draft has tokens for one row a step (prompt lookup finding a match in one prompt of four),
+    every one of them accepted; verification costs ``cost(tokens fed)``. Returns each step's γ."""
+    controller = GammaController(start=4, max_num_draft_tokens=16)
+    controller.rows = 4
+    chosen = []
+    for step in range(steps):
+        gamma = controller.gamma
+        chosen.append(gamma)
+        drafted = [gamma if row == step % 4 else 0 for row in range(4)]
+        controller.update(drafted, drafted, 0.002 * gamma, cost(4 + sum(drafted)), asked=[gamma] * 4)
+    return chosen
+
+
+def test_rows_the_draft_had_nothing_for_count_as_misses():
+    """Verification costs 10 ms a token fed and drafting 2 ms a position: a drafted token costs more than the plain
+    step that would emit it, so drafting loses even though every drafted token is accepted, because three rows of
+    four have nothing to draft. Counted only over the rows that drafted, acceptance would be 1 and the controller
+    would draft every step; it must decode mostly plain. The control: where verification is nearly flat, the same
+    draft pays and it drafts."""
+    losing = _sometimes_drafting(lambda fed: 0.010 * fed)
+    assert sum(1 for gamma in losing[20:] if gamma) <= 0.1 * len(losing[20:])
+    paying = _sometimes_drafting(lambda fed: 0.040 + 0.0002 * fed)
+    assert sum(1 for gamma in paying[20:] if gamma) >= 0.9 * len(paying[20:])

@@ -1,15 +1,19 @@
 """Dynamic γ: each step, draft the number of tokens the analytical model says is fastest for the batch it runs.
 
-The controller keeps a run's own measurements — the draft's seconds per drafted position and the target's seconds
-to verify a batch of B rows n tokens wide, each per batch size B, and for each draft position i the chance c_i that
-its token is accepted once the ones before it were, all exponentially decayed — and picks, for a batch of B rows,
+The controller keeps a run's own measurements — the draft's seconds per position asked for and the target's seconds
+to verify a batch of B rows asked for n - 1 draft tokens each, per batch size B, and for each draft position i the
+chance c_i that its token is accepted once the ones before it were, all exponentially decayed — and picks, for a
+batch of B rows,
 
     γ* = argmax_γ  E[tokens | γ] / (γ · t_draft(B) + t_verify(B, γ + 1)),   E[tokens | γ] = 1 + Σ_{i≤γ} Π_{j≤i} c_j
 
-over 0..max (B cancels: every row drafts γ). Position-wise rates capture bursty drafts (prompt lookup either copies
-a run or misses at once), which a single per-token rate would not; a position never drafted yet takes the last
-measured rate. γ = 0 is a plain step, so where a batch's spare compute is gone (a CPU at batch 8, a GPU at hundreds
-of tokens per step) the batch decodes at plain speed; after ``probe_every`` such steps one γ = 1 step re-measures
+over 0..max (B cancels: every row is asked for γ). Position-wise rates capture bursty drafts (prompt lookup either
+copies a run or misses at once), which a single per-token rate would not; a position never drafted yet takes the
+last measured rate. A position asked for that the draft had no token for (prompt lookup without a match) counts as
+rejected, and a step's verification is costed by the γ it asked for, whatever the rows supplied (with ragged steps,
+:mod:`~specdraft_eval.engine.ragged`, rows that supply less cost less): both sides are what asking for γ yields.
+γ = 0 is a plain step, so where a batch's spare compute is gone (a CPU at batch 8, a GPU at hundreds of tokens per
+step) the batch decodes at plain speed; after ``probe_every`` such steps one γ = 1 step re-measures
 α (later where the probe's wider verification costs more: :data:`PROBE_SHARE`), and each probe after which
 drafting still does not pay doubles the wait (up to ``max_probe_every``), so a hopeless draft costs a fraction of a
 percent. A draft's time includes its catching up after plain steps (an EAGLE
@@ -76,32 +80,36 @@ class GammaController:
         return total
 
     def update(self, drafted: int | Sequence[int], accepted: int | Sequence[int], draft_seconds: float,
-               verify_seconds: float) -> None:
+               verify_seconds: float, asked: int | Sequence[int] | None = None) -> None:
         """Record one step: each row's drafted and accepted tokens (an int for a batch of one), the batch's drafting
-        seconds and its verification pass's."""
-        drafted = [drafted] if isinstance(drafted, int) else list(drafted)
-        accepted = [accepted] if isinstance(accepted, int) else list(accepted)
-        probed = max(drafted) > 0 and self._verify and self._idle >= self._probe_wait(len(drafted))
-        widths, n = self._verify.setdefault(len(drafted), {}), 1 + max(drafted)
+        seconds and its verification pass's. ``asked``: each row's draft budget (default: what it drafted). A step is
+        costed by the γ asked, and a position asked for that the draft had no token for (prompt lookup without a
+        match) counts as reached and rejected, so the model weighs what asking for γ tokens yields and costs."""
+        drafted, accepted = _per_row(drafted), _per_row(accepted)
+        asked = drafted if asked is None else _per_row(asked)
+        rows, widest = len(drafted), max(asked)
+        probed = widest > 0 and self._verify and self._idle >= self._probe_wait(rows)
+        widths, n = self._verify.setdefault(rows, {}), 1 + widest
         widths[n] = verify_seconds if n not in widths else DECAY * widths[n] + (1 - DECAY) * verify_seconds
-        if not max(drafted):
+        if not widest:
             self._idle += 1
             return
-        for row_drafted, row_accepted in zip(drafted, accepted, strict=True):
-            while len(self._reached) < row_drafted:
+        for row_asked, row_drafted, row_accepted in zip(asked, drafted, accepted, strict=True):
+            reached = min(row_accepted + 1, max(row_asked, row_drafted))  # positions 1..accepted+1 were reached
+            while len(self._reached) < max(row_drafted, reached):
                 self._reached.append(0.0)
                 self._kept.append(0.0)
             for i in range(len(self._reached)):
                 self._reached[i] *= DECAY
                 self._kept[i] *= DECAY
-            for i in range(min(row_accepted + 1, row_drafted)):  # positions 1..accepted+1 were reached
+            for i in range(reached):
                 self._reached[i] += 1
                 self._kept[i] += i < row_accepted
-        seconds, positions = self._draft.get(len(drafted), (0.0, 0.0))
-        self._draft[len(drafted)] = (DECAY * seconds + draft_seconds, DECAY * positions + max(drafted))
+        seconds, positions = self._draft.get(rows, (0.0, 0.0))
+        self._draft[rows] = (DECAY * seconds + draft_seconds, DECAY * positions + widest)
         self._idle = 0
         if probed:  # a probe after backing off: the wait resets only if drafting now pays at this batch size
-            pays = self._best(len(drafted)) > 0
+            pays = self._best(rows) > 0
             self.probe_every = self.min_probe_every if pays else min(2 * self.probe_every, self.max_probe_every)
 
     def _widths(self, rows: int) -> dict[int, float]:
@@ -175,6 +183,11 @@ class GammaController:
             if rate > best_rate:
                 best, best_rate = gamma, rate
         return best
+
+
+def _per_row(counts: int | Sequence[int]) -> list[int]:
+    """Per-row counts (an int is a batch of one)."""
+    return [counts] if isinstance(counts, int) else list(counts)
 
 
 def _estimate(measured: dict[int, float], n: int) -> float:

@@ -150,7 +150,8 @@ def _steps(target_model: Module, cache: BatchCache, rows: list[_Row], drafters: 
         clocked.verify_seconds += t2 - t1
         clocked.steps += 1
         controller.update([len(p.tokens) for p in proposals], [len(path) for path, _ in verdicts],
-                          drafting + (catching_up if returning else 0.0), t2 - t1)  # returning costs its catch-up
+                          drafting + (catching_up if returning else 0.0), t2 - t1,  # returning costs its catch-up
+                          asked=budgets)
         staying = []
         for position, (row, proposal, (path, next_token)) in enumerate(zip(rows, proposals, verdicts, strict=True)):
             emitted = [*(proposal.tokens[node] for node in path), next_token]

@@ -62,7 +62,7 @@ class FixedGamma:
     def __init__(self, gamma: int) -> None:
         self.gamma = self.max_num_draft_tokens = gamma
 
-    def update(self, drafted, accepted, draft_seconds: float, verify_seconds: float) -> None:
+    def update(self, drafted, accepted, draft_seconds: float, verify_seconds: float, asked=None) -> None:
         """Nothing to learn."""
 
 
