@@ -3,6 +3,7 @@ holes are squeezed out, and sampling at batch 4 follows the target's distributio
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 
 import pytest
@@ -231,3 +232,71 @@ def test_a_padded_step_feeds_its_linear_layers_the_real_tokens_only(monkeypatch,
     assert seen == {sum(map(len, fed))}  # the step's linears saw the 8 real tokens only
     for row, tokens in enumerate(fed):
         torch.testing.assert_close(gathered[row, : len(tokens)], padded[row, : len(tokens)], rtol=1e-5, atol=1e-5)
+
+
+def test_a_masked_step_folds_grouped_queries_and_its_logits_match_transformers_own_attention(monkeypatch):
+    """A batch's masked step of several tokens per row, under grouped-query attention (4 query heads, 2 KV heads):
+    the engine folds each KV head's query heads into its queries (no copy of the cache per query head) and every
+    token's logits equal transformers' own sdpa attention, which copies the keys and values per query head
+    (``repeat_kv``: the control counts its calls, none in the folded step)."""
+    import transformers.integrations.sdpa_attention as sdpa
+
+    from specdraft_eval.engine import attention, kv_cache
+
+    target = tiny_llama(seed=6, layers=2)
+    assert target.config.num_key_value_heads < target.config.num_attention_heads
+    prompts = [[1, 2, 3, 4, 5], [6, 7, 8], [9, 10, 11, 12]]
+    fed = [[5, 20, 21], [8, 30, 31], [12, 40, 41]]
+    copies = []
+    real_repeat = sdpa.repeat_kv
+    monkeypatch.setattr(sdpa, "repeat_kv", lambda states, n: copies.append(n) or real_repeat(states, n))
+
+    def step() -> torch.Tensor:
+        with torch.inference_mode():
+            return prefill(target, prompts).forward(target, fed, 3)
+
+    folded = step()
+    assert copies == []
+    monkeypatch.setattr(kv_cache, "grouped_queries", lambda width, masked: contextlib.nullcontext())
+    unfolded = step()
+    assert copies  # control: transformers' attention copied the cache
+    assert "sdpa" not in attention.ALL_ATTENTION_FUNCTIONS._local_mapping  # the fold lasted its step only
+    torch.testing.assert_close(folded, unfolded, rtol=1e-5, atol=1e-5)
+
+
+def test_the_growing_cache_appends_in_place_and_holds_what_transformers_dynamic_layer_holds():
+    """The same updates, crops, row selections and a replaced tensor (a compaction's gather) applied to our
+    in-place layer and to transformers' ``DynamicLayer`` leave equal keys and values after every operation; an
+    update with room to spare writes into the same tensor (the control: ``DynamicLayer`` allocates a new one)."""
+    from transformers.cache_utils import DynamicLayer
+
+    from specdraft_eval.engine.kv_cache import GrowingLayer
+
+    torch.manual_seed(0)
+    ours, theirs = GrowingLayer(), DynamicLayer()
+
+    def both(operation) -> None:
+        for layer in (ours, theirs):
+            operation(layer)
+        torch.testing.assert_close(ours.keys, theirs.keys, rtol=0, atol=0)
+        torch.testing.assert_close(ours.values, theirs.values, rtol=0, atol=0)
+
+    def update(width: int):
+        keys, values = torch.randn(4, 2, width, 8), torch.randn(4 if ours.keys is None else ours.keys.shape[0],
+                                                               2, width, 8)
+        keys = keys[: values.shape[0]]
+        return lambda layer: layer.update(keys, values)
+
+    both(update(20))  # a prefill
+    before = (ours.keys.data_ptr(), theirs.keys.data_ptr())
+    both(update(1))
+    assert ours.keys.data_ptr() == before[0] and theirs.keys.data_ptr() != before[1]
+    both(update(5))
+    both(lambda layer: layer.crop(-3))  # a rejected draft
+    both(update(2))
+    both(lambda layer: layer.batch_select_indices(torch.tensor([0, 2, 3])))  # a row finished
+    both(update(1))
+    both(lambda layer: setattr(layer, "keys", layer.keys.flip(2).contiguous()) or setattr(
+        layer, "values", layer.values.flip(2).contiguous()))  # replaced, as a gather does
+    both(update(40))  # past the room: moved
+    both(update(1))

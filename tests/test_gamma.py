@@ -13,7 +13,7 @@ def drive(controller: GammaController, steps: int, accept: float, verify_ms, dra
     ``accept``; verify costs ``verify_ms(n)`` for n tokens."""
     chosen, accepted_total, drafted_total = [], 0, 0
     for _ in range(steps):
-        gamma = controller.gamma
+        gamma = controller.choose(1)
         chosen.append(gamma)
         accepted = 0
         while accepted < gamma and (accepted_total + 1) <= accept * (drafted_total + gamma):
@@ -26,9 +26,9 @@ def drive(controller: GammaController, steps: int, accept: float, verify_ms, dra
 
 def test_starts_at_gamma_then_measures_an_autoregressive_step():
     controller = GammaController(start=4, max_num_draft_tokens=16)
-    assert controller.gamma == 4
+    assert controller.choose(1) == 4
     controller.update(4, 4, 0.001, 0.070)
-    assert controller.gamma == 0  # a 1-token step has not been measured yet
+    assert controller.choose(1) == 0  # a 1-token step has not been measured yet
 
 
 def test_climbs_when_verification_is_flat_and_drafts_are_accepted():
@@ -71,12 +71,12 @@ def test_probes_that_do_not_pay_back_off_exponentially_and_one_that_pays_resets(
     assert controller.probe_every == 64
     for _ in range(64):
         controller.update(0, 0, 0.0, 0.07)
-    assert controller.gamma == 1  # the next probe is due
+    assert controller.choose(1) == 1  # the next probe is due
     controller.update(1, 1, 0.001, 0.071)  # accepted, but one acceptance after many rejections: still no gain
     assert controller.probe_every == 64
     good = GammaController(start=4, max_num_draft_tokens=16, probe_every=8, max_probe_every=64)
     drive(good, 40, accept=0.9, verify_ms=lambda n: 60.0 + 1.0 * n, draft_ms=0.5)  # a draft that pays
-    good.probe_every, good._idle = 64, 64  # as if it had backed off
+    good.probe_every, good._idle[1] = 64, 64  # as if it had backed off
     good.update(1, 1, 0.0005, 0.061)
     assert good.probe_every == 8
 
@@ -120,8 +120,8 @@ class Scripted(GammaController):
     def update(self, drafted, accepted, draft_seconds: float, verify_seconds: float, asked=None) -> None:
         self.next = self.script.pop(0) if self.script else 2
 
-    def choose(self, rows: int) -> int:
-        return self.next
+    def next_step(self, rows: int) -> list[int]:
+        return [self.next] * rows
 
 
 def test_a_draft_catches_up_before_its_first_draft_and_after_gamma_zero_as_its_prefill():
@@ -198,20 +198,19 @@ def test_catching_up_changes_no_draft():
 
 
 def test_gamma_is_chosen_per_batch_size():
-    """Verification of a batch of 8 costs in proportion to its tokens (no spare compute), of one row next to nothing
-    more than a plain step: with the same acceptance, γ is 0 at 8 rows and high at 1, from one controller; a batch
-    size met for the first time takes one plain step and then borrows the nearest one's cost shape."""
+    """Verification of a batch of 8 costs in proportion to the tokens fed (no spare compute), of one row next to
+    nothing more than a plain step: with the same acceptance, γ is 0 at 8 rows and high at 1, from one controller; a
+    batch size met for the first time takes one plain step and then borrows the nearest one's cost shape."""
     controller = GammaController(start=4, max_num_draft_tokens=16)
 
-    def cost(rows: int, n: int) -> float:
-        return 0.060 if rows == 1 else 0.010 * rows * n
+    def cost(rows: int, fed: int) -> float:
+        return 0.060 if rows == 1 else 0.010 * fed
 
     for step in range(120):
         rows = 1 if step % 2 else 8
-        controller.rows = rows
-        gamma = controller.gamma
-        accepted = [min(gamma, 2)] * rows  # 2 of every draft accepted
-        controller.update([gamma] * rows, accepted, 0.0005 * gamma, cost(rows, gamma + 1))
+        gammas = controller.next_step(rows)
+        accepted = [min(gamma, 2) for gamma in gammas]  # 2 of every draft accepted
+        controller.update(gammas, accepted, 0.0005 * max(gammas), cost(rows, rows + sum(gammas)), asked=gammas)
     assert controller.choose(1) >= 3
     assert controller.choose(8) == 0
     assert controller.choose(4) == 0  # never measured: one plain step first
@@ -222,9 +221,10 @@ def test_gamma_is_chosen_per_batch_size():
 
 def test_the_controller_drafts_at_batch_one_where_a_batch_of_eight_does_not(monkeypatch):
     """End to end: the same prompt decoded alone and as 8 rows, through one controller, on a fake clock where a
-    verification pass costs 20 ms + 10 ms per token past the first and 50 ms per token past 8 (a machine whose
+    verification pass costs 20 ms + 10 ms per token fed past the first and 50 ms per token past 8 (a machine whose
     spare compute a batch of 8 uses up), drafting with the target itself (every token accepted): the batch of 8
-    decodes mostly plain steps, the batch of 1 drafts."""
+    decodes mostly plain steps, the batch of 1 drafts. Steps are ragged (:mod:`specdraft_eval.engine.ragged`): a
+    pass costs by the tokens the rows fed."""
     from support import tiny_llama
 
     from specdraft_eval import autoregressive_generate_batch, speculative_generate_batch
@@ -239,8 +239,7 @@ def test_the_controller_drafts_at_batch_one_where_a_batch_of_eight_does_not(monk
     real_verify = engine.verify_step
 
     def costed(target, cache, tokens, proposals, samplers):
-        width = 1 + max(len(p.tokens) for p in proposals)
-        fed = len(proposals) * width
+        fed = sum(1 + len(p.tokens) for p in proposals)
         now[0] += 0.020 + 0.010 * (fed - 1) + 0.050 * max(fed - 8, 0)
         return real_verify(target, cache, tokens, proposals, samplers)
 
@@ -261,34 +260,38 @@ def test_the_controller_drafts_at_batch_one_where_a_batch_of_eight_does_not(monk
     assert many.draft_tokens / many.steps < 0.2  # mostly plain steps at batch 8
 
 
-def test_probes_where_they_cost_a_step_are_rare_and_back_off_even_when_accepted():
-    """A batch whose verification has no spare compute (a width-2 step costs two plain ones): probes are accepted
-    (the draft is good) but drafting still costs more than it gives, so they come at most once per
-    1 / PROBE_SHARE plain steps and the wait doubles all the same (issue 51: probes every 16 steps at batch 16)."""
+def test_probes_in_a_batch_draft_one_row_cost_a_fraction_and_back_off_even_when_accepted():
+    """A batch of 16 whose verification has no spare compute (every token fed costs 6.25 ms, a plain step 100 ms):
+    probes are accepted (the draft is good) but drafting still costs more than it gives. Only the first row drafts
+    a probe, the first step's included, so all probes together cost under PROBE_SHARE of the run, every row drafting
+    never happens, and the wait doubles all the same (issue 51: probes of every row every 16 steps at batch 16, and
+    a first step that verified all 16 rows' drafts)."""
     from specdraft_eval.engine.gamma import PROBE_SHARE
 
     controller = GammaController(start=2, max_num_draft_tokens=8, probe_every=4, max_probe_every=256)
-    controller.rows = 16
-    drafted = []
-    for _ in range(400):
-        gamma = controller.gamma
-        drafted.append(gamma)
-        controller.update([gamma] * 16, [gamma] * 16, 0.004 * gamma, 0.100 * (gamma + 1))  # all accepted
-    probes = [i for i, gamma in enumerate(drafted) if gamma and i > 1]
-    assert len(probes) <= 400 * PROBE_SHARE and controller.probe_every > 4
+    seconds, extra, probes = 0.0, 0.0, []
+    for step in range(400):
+        gammas = controller.next_step(16)
+        cost = 0.00625 * (16 + sum(gammas))
+        seconds, extra = seconds + cost, extra + cost - 0.100
+        if any(gammas):
+            probes.append(gammas)
+        controller.update(gammas, gammas, 0.004 * max(gammas), cost, asked=gammas)  # all accepted
+    assert probes and all(sum(1 for gamma in gammas if gamma) == 1 for gammas in probes)
+    assert probes[0][0] == 2  # the first step: γ = start, one row
+    assert extra <= PROBE_SHARE * seconds and controller.probe_every > 4
 
 
 def _sometimes_drafting(cost, steps: int = 200) -> list[int]:
     """A batch of 4 whose draft has tokens for one row a step (prompt lookup finding a match in one prompt of four),
     every one of them accepted; verification costs ``cost(tokens fed)``. Returns each step's γ."""
     controller = GammaController(start=4, max_num_draft_tokens=16)
-    controller.rows = 4
     chosen = []
     for step in range(steps):
-        gamma = controller.gamma
-        chosen.append(gamma)
-        drafted = [gamma if row == step % 4 else 0 for row in range(4)]
-        controller.update(drafted, drafted, 0.002 * gamma, cost(4 + sum(drafted)), asked=[gamma] * 4)
+        asked = controller.next_step(4)
+        chosen.append(max(asked))
+        drafted = [gamma if row == step % 4 else 0 for row, gamma in enumerate(asked)]
+        controller.update(drafted, drafted, 0.002 * max(asked), cost(4 + sum(drafted)), asked=asked)
     return chosen
 
 

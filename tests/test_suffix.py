@@ -274,15 +274,14 @@ def _probe(cache: SuffixDecodingCache, outputs: list[list[int]]) -> list[tuple[f
 class LateGamma:
     """γ 0 for a batch's first six steps, then 4 (as dynamic γ backs off where drafting does not pay)."""
 
-    rows, max_num_draft_tokens = 1, 4
+    max_num_draft_tokens = 4
 
     def __init__(self) -> None:
         self.steps = 0
 
-    @property
-    def gamma(self) -> int:
+    def next_step(self, rows: int) -> list[int]:
         self.steps += 1
-        return 0 if self.steps <= 6 else 4
+        return [0 if self.steps <= 6 else 4] * rows
 
     def update(self, *measured, asked=None) -> None:
         """Nothing to learn."""

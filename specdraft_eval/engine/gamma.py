@@ -1,9 +1,9 @@
 """Dynamic γ: each step, draft the number of tokens the analytical model says is fastest for the batch it runs.
 
 The controller keeps a run's own measurements — the draft's seconds per position asked for and the target's seconds
-to verify a batch of B rows asked for n - 1 draft tokens each, per batch size B, and for each draft position i the
-chance c_i that its token is accepted once the ones before it were, all exponentially decayed — and picks, for a
-batch of B rows,
+to verify a batch of B rows asked for n - 1 draft tokens per row on average, per batch size B, and for each draft
+position i the chance c_i that its token is accepted once the ones before it were, all exponentially decayed — and
+picks, for a batch of B rows,
 
     γ* = argmax_γ  E[tokens | γ] / (γ · t_draft(B) + t_verify(B, γ + 1)),   E[tokens | γ] = 1 + Σ_{i≤γ} Π_{j≤i} c_j
 
@@ -12,19 +12,21 @@ copies a run or misses at once), which a single per-token rate would not; a posi
 last measured rate. A position asked for that the draft had no token for (prompt lookup without a match) counts as
 rejected, and a step's verification is costed by the γ it asked for, whatever the rows supplied (with ragged steps,
 :mod:`~specdraft_eval.engine.ragged`, rows that supply less cost less): both sides are what asking for γ yields.
+
 γ = 0 is a plain step, so where a batch's spare compute is gone (a CPU at batch 8, a GPU at hundreds of tokens per
-step) the batch decodes at plain speed; after ``probe_every`` such steps one γ = 1 step re-measures
-α (later where the probe's wider verification costs more: :data:`PROBE_SHARE`), and each probe after which
-drafting still does not pay doubles the wait (up to ``max_probe_every``), so a hopeless draft costs a fraction of a
-percent. A draft's time includes its catching up after plain steps (an EAGLE
-head reads the features it skipped), which is what switching back to drafting costs. The first step drafts
-γ = start (1 in a batch: B × (γ + 1) tokens to verify); a batch size met after that takes one plain step (its
-t_verify(B, 1)), then borrows the cost shape t_verify(B', n) / t_verify(B', 1) of the nearest batch size that
-drafted, until its own are measured. One controller serves every generation of a run
+step) the batch decodes at plain speed. A *probe* drafts to learn: the first step (γ = start), and after
+``probe_every`` plain steps one of γ = 1 (later where the probe's wider verification costs more:
+:data:`PROBE_SHARE`); each probe after which drafting still does not pay doubles the wait (up to
+``max_probe_every``). In a batch only the first row drafts a probe (:meth:`GammaController.next_step`): ragged
+steps verify its extra tokens alone, its draft catches up alone, and t_verify(B, 1 + γ / B) extrapolates to every
+row drafting (linearly in the tokens fed, never below what was measured), so a hopeless draft costs a batch a
+fraction of a percent. A draft's time includes its catching up after plain steps (an EAGLE head reads the features
+it skipped), which is what switching back to drafting costs. A batch size met after the first step takes one plain
+step (its t_verify(B, 1)), then borrows the cost shape t_verify(B', n) / t_verify(B', 1) of the nearest batch size
+that drafted, until its own are measured. One controller serves every generation of a run
 (``speculative_generate(..., gamma_controller=...)``): what it learnt carries over, including to the smaller
-batches rows leave behind. Unmeasured verify widths are estimated from the
-measured ones (optimistically, so larger γ gets tried), and γ grows by at most 2 beyond the widest measured, so it
-only climbs while the measurements say it pays.
+batches rows leave behind. γ grows by at most 2 beyond the widest measured, so it only climbs while the
+measurements say it pays.
 """
 
 from __future__ import annotations
@@ -50,19 +52,19 @@ class GammaController:
         self._reached: list[float] = []  # [i]: decayed count of rows that drafted position i+1 after accepting i
         self._kept: list[float] = []  # [i]: ... of those, rows that accepted position i+1 too
         self._draft: dict[int, tuple[float, float]] = {}  # rows -> decayed (seconds drafting, positions drafted)
-        self._verify: dict[int, dict[int, float]] = {}  # rows -> tokens per row -> decayed mean seconds of a pass
-        self._idle = 0  # plain steps since the last drafted one
-        self.rows = 1  # the batch size of the next step (the loop sets it before reading gamma)
+        self._verify: dict[int, dict[float, float]] = {}  # rows -> tokens per row -> decayed mean seconds of a pass
+        self._idle: dict[int, int] = {}  # rows -> plain steps at that batch size since its last drafted one
 
     @classmethod
     def around(cls, num_draft_tokens: int) -> "GammaController":
         """The controller dynamic γ uses: starts at ``num_draft_tokens``, chooses from 0..4×``num_draft_tokens``."""
         return cls(num_draft_tokens, 4 * num_draft_tokens)
 
-    @property
-    def gamma(self) -> int:
-        """γ for a step of ``rows`` rows."""
-        return self.choose(self.rows)
+    def next_step(self, rows: int) -> list[int]:
+        """Each row's γ for the next step of ``rows`` rows: the chosen γ for every row, or, where a batch probes,
+        for its first row alone (the others take a plain step)."""
+        gamma, probe = self._choice(rows)
+        return [gamma] + [0 if probe and rows > 1 else gamma] * (rows - 1)
 
     def acceptance(self, position: int) -> float:
         """c_position: the chance that draft token ``position`` (1-based) is accepted given the earlier ones were."""
@@ -88,11 +90,11 @@ class GammaController:
         drafted, accepted = _per_row(drafted), _per_row(accepted)
         asked = drafted if asked is None else _per_row(asked)
         rows, widest = len(drafted), max(asked)
-        probed = widest > 0 and self._verify and self._idle >= self._probe_wait(rows)
-        widths, n = self._verify.setdefault(rows, {}), 1 + widest
+        probed = widest > 0 and self._verify and self._idle.get(rows, 0) >= self._probe_wait(rows)
+        widths, n = self._verify.setdefault(rows, {}), 1 + sum(asked) / rows  # tokens asked per row, on average
         widths[n] = verify_seconds if n not in widths else DECAY * widths[n] + (1 - DECAY) * verify_seconds
         if not widest:
-            self._idle += 1
+            self._idle[rows] = self._idle.get(rows, 0) + 1
             return
         for row_asked, row_drafted, row_accepted in zip(asked, drafted, accepted, strict=True):
             reached = min(row_accepted + 1, max(row_asked, row_drafted))  # positions 1..accepted+1 were reached
@@ -107,12 +109,12 @@ class GammaController:
                 self._kept[i] += i < row_accepted
         seconds, positions = self._draft.get(rows, (0.0, 0.0))
         self._draft[rows] = (DECAY * seconds + draft_seconds, DECAY * positions + widest)
-        self._idle = 0
+        self._idle[rows] = 0
         if probed:  # a probe after backing off: the wait resets only if drafting now pays at this batch size
             pays = self._best(rows) > 0
             self.probe_every = self.min_probe_every if pays else min(2 * self.probe_every, self.max_probe_every)
 
-    def _widths(self, rows: int) -> dict[int, float]:
+    def _widths(self, rows: int) -> dict[float, float]:
         return self._verify.get(rows, {})
 
     def _shaped(self, rows: int) -> bool:
@@ -125,7 +127,7 @@ class GammaController:
         """The batch size of ``sizes`` nearest ``rows`` by ratio."""
         return min(sizes, key=lambda size: (abs(math.log(size / rows)), size), default=None)
 
-    def verify_seconds(self, n: int, rows: int = 1) -> float:
+    def verify_seconds(self, n: float, rows: int = 1) -> float:
         """Measured, interpolated or (optimistically) extrapolated seconds to verify ``n`` tokens in each of ``rows``
         rows; a batch size with only its plain step measured scales the nearest drafting batch size's shape."""
         widths = self._widths(rows)
@@ -144,33 +146,39 @@ class GammaController:
         return seconds / positions if positions else 0.0
 
     def choose(self, rows: int) -> int:
-        """γ for a step of ``rows`` rows."""
-        if not self._verify:  # the first step: γ = start alone, narrow in a batch (its verification grows with it)
-            return self.start if rows == 1 else min(self.start, 1)
+        """γ for a step of ``rows`` rows (a probe's, which in a batch only its first row drafts: :meth:`next_step`)."""
+        return self._choice(rows)[0]
+
+    def _choice(self, rows: int) -> tuple[int, bool]:
+        """γ for a step of ``rows`` rows, and whether it is a probe."""
+        if not self._verify:  # the first step: a probe of γ = start
+            return self.start, True
         if 1 not in self._widths(rows):
-            return 0  # measure a plain step of this batch size
+            return 0, False  # measure a plain step of this batch size
         widths = self._widths(rows)
         if len(widths) < 2:
             other = self._nearest(rows, [size for size in self._verify if self._shaped(size)])
             if other is None:
-                return self.start
+                return self.start, True
             widths = self._widths(other)
-        best = self._best(rows, max(widths) - 1)
-        if best == 0 and self._idle >= self._probe_wait(rows):
-            return 1
-        return best
+        best = self._best(rows, math.ceil(max(widths) - 1))
+        if best == 0 and self._idle.get(rows, 0) >= self._probe_wait(rows):
+            return 1, True
+        return best, False
 
     def _probe_wait(self, rows: int) -> int:
-        """Plain steps before a γ = 1 probe at ``rows`` rows: ``probe_every``, or more where the probe's wider
-        verification costs more than :data:`PROBE_SHARE` of that many plain steps."""
-        extra = self.verify_seconds(2, rows) / self.verify_seconds(1, rows) - 1 if 1 in self._widths(rows) else 0.0
+        """Plain steps at ``rows`` rows before a γ = 1 probe (one row's in a batch): ``probe_every``, or more where
+        the probe's wider verification costs more than :data:`PROBE_SHARE` of that many plain steps (as measured at
+        this batch size: a shape borrowed from another is a guess the probe tests)."""
+        probe = 1 + 1 / rows  # tokens per row
+        extra = self.verify_seconds(probe, rows) / self.verify_seconds(1, rows) - 1 if self._shaped(rows) else 0.0
         return max(self.probe_every, math.ceil(extra / PROBE_SHARE))
 
     def _best(self, rows: int, largest: int | None = None) -> int:
         """The γ the model says is fastest for ``rows`` rows, up to 2 past the ``largest`` measured (default: this
         batch size's)."""
         if largest is None:
-            largest = max(self._widths(rows), default=1) - 1
+            largest = math.ceil(max(self._widths(rows), default=1) - 1)
         t_draft, widths = self.draft_seconds(rows), self._widths(rows)
         other = (self._nearest(rows, [size for size in self._verify if self._shaped(size)])
                  if len(widths) < 2 and 1 in widths else None)  # as verify_seconds borrows
@@ -190,9 +198,9 @@ def _per_row(counts: int | Sequence[int]) -> list[int]:
     return [counts] if isinstance(counts, int) else list(counts)
 
 
-def _estimate(measured: dict[int, float], n: int) -> float:
-    """Seconds for ``n`` tokens from ``measured`` widths: exact, interpolated, or extrapolated (flat below the
-    smallest, linearly above the largest)."""
+def _estimate(measured: dict[float, float], n: float) -> float:
+    """Seconds for ``n`` tokens per row from ``measured`` ones: exact, interpolated, or extrapolated (flat below the
+    smallest, linearly above the largest, never below it)."""
     if n in measured:
         return measured[n]
     sizes = sorted(measured)
@@ -204,5 +212,5 @@ def _estimate(measured: dict[int, float], n: int) -> float:
         return measured[above[0]]
     if len(sizes) >= 2:
         lo, hi = sizes[0], sizes[-1]
-        return measured[hi] + (measured[hi] - measured[lo]) / (hi - lo) * (n - hi)
+        return measured[hi] + max(measured[hi] - measured[lo], 0.0) / (hi - lo) * (n - hi)
     return measured[sizes[-1]]

@@ -1,7 +1,7 @@
 """The KV caches: :class:`BatchCache`, the target's cache for a batch of rows of different lengths (storage apart
 from row bookkeeping), and helpers shared by the engine (target) and model drafts: a growing cache (transformers'
-``DynamicCache``) or a static one preallocated to a capacity (``StaticCache``: no tensor changes shape from step
-to step, which CUDA graphs need). Both roll back by length."""
+``DynamicCache``, its layers appending in place: :class:`GrowingLayer`) or a static one preallocated to a capacity
+(``StaticCache``: no tensor changes shape from step to step, which CUDA graphs need). Both roll back by length."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache, StaticCache
-from transformers.cache_utils import Cache, StaticLayer
+from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
 
+from specdraft_eval.engine.attention import grouped_queries
 from specdraft_eval.engine.ragged import real_tokens_only
 from specdraft_eval.errors import SpecdecError
 
@@ -48,6 +49,68 @@ class PrefixLayer(StaticLayer):
         return (self.keys.shape[2] if self.is_initialized else self.max_cache_len), 0
 
 
+SPARE = 0.25
+"""A :class:`GrowingLayer` that runs out of room reallocates this share of its positions (and 64) beyond them."""
+
+
+class GrowingLayer(DynamicLayer):
+    """transformers' ``DynamicLayer``, appending in place: ``keys``/``values`` are views of the first n positions of
+    tensors with room to spare, so a step writes its new columns where ``DynamicLayer`` copies the whole cache into
+    a new tensor (``torch.cat``: at batch 16 × 560 positions, a quarter of a plain step on the CPU). Out of room, or
+    after ``keys`` were replaced (a gather), the next update moves them into new tensors with :data:`SPARE` room;
+    ``crop`` leaves a view (the next write overwrites what it dropped). States that carry gradients (training) are
+    appended as ``DynamicLayer`` does: autograd needs the tensors it saw unchanged."""
+
+    room: tuple[torch.Tensor, torch.Tensor] | None = None  # [rows, kv heads, positions with spare, head dim]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        if key_states.requires_grad or value_states.requires_grad:  # training: autograd needs every version
+            return super().update(key_states, value_states, *args, **kwargs)
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        filled = self.get_seq_length()
+        end = filled + key_states.shape[-2]
+        if self.room is None or not self._in_room() or end > self.room[0].shape[-2]:
+            room = tuple(torch.empty(*new.shape[:2], end + int(SPARE * end) + 64, new.shape[3], dtype=new.dtype,
+                                     device=new.device) for new in (key_states, value_states))
+            if filled:
+                room[0][..., :filled, :].copy_(self.keys)
+                room[1][..., :filled, :].copy_(self.values)
+            self.room = room
+        self.room[0][..., filled:end, :].copy_(key_states)
+        self.room[1][..., filled:end, :].copy_(value_states)
+        self.keys, self.values = self.room[0][..., :end, :], self.room[1][..., :end, :]
+        return self.keys, self.values
+
+    def _in_room(self) -> bool:
+        """Whether ``keys``/``values`` are still views of ``room`` from its first position (the last update's, or
+        a crop of them)."""
+        return all(view.numel() == 0 or (view.data_ptr() == whole.data_ptr() and view.shape[0] == whole.shape[0]
+                                         and view.stride() == whole.stride())
+                   for view, whole in zip((self.keys, self.values), self.room, strict=True))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep the rows ``indices``, room and all (one copy)."""
+        filled = self.get_seq_length()
+        if filled and self.room is not None and self._in_room():
+            self.room = (self.room[0][indices], self.room[1][indices])
+            self.keys, self.values = self.room[0][..., :filled, :], self.room[1][..., :filled, :]
+        else:
+            super().batch_select_indices(indices)
+
+    def reset(self) -> None:
+        self.room = None
+        super().reset()
+
+
+def growing_cache() -> DynamicCache:
+    """An empty growing cache whose layers append in place (:class:`GrowingLayer`)."""
+    cache = DynamicCache()
+    cache.layer_class_to_replicate = GrowingLayer
+    return cache
+
+
 def static_cache(config, capacity: int) -> StaticCache:
     """A static cache of ``capacity`` usable positions for a model of ``config``, its full-attention layers
     :class:`PrefixLayer` (sliding-window layers stay transformers' own)."""
@@ -68,7 +131,7 @@ def attend(cache: Cache, positions: int | None) -> None:
 
 def new_cache(config=None, capacity: int | None = None) -> Cache:
     """A growing cache, or with ``capacity`` a static one of that many positions for a model of ``config``."""
-    return DynamicCache() if capacity is None else static_cache(config, capacity)
+    return growing_cache() if capacity is None else static_cache(config, capacity)
 
 
 def length(cache: Cache) -> int:
@@ -141,7 +204,7 @@ class GrowingStorage:
     capacity: int | None = None  # no preallocated positions
 
     def __init__(self) -> None:
-        self.cache = DynamicCache()
+        self.cache = growing_cache()
 
     def reach(self, keys: int, compiled: bool, reach: int) -> int:
         """The positions attention reads when ``keys`` are filled: all of them."""
@@ -374,7 +437,8 @@ class BatchCache:
         keys = self.storage.reach(start + width, self.step is not None, reach)  # what attention reads
         ids, attention, position_ids = self.rows.inputs(tokens, start, keys, model, trees, self.storage.widen, layout)
         self.storage.attend(keys)
-        with real_tokens_only(self.step or model, [len(row) for row in tokens], width):
+        with real_tokens_only(self.step or model, [len(row) for row in tokens], width), \
+                grouped_queries(width, attention is not None):
             logits = (self.step or model)(input_ids=ids, attention_mask=attention, position_ids=position_ids,
                                           cache=self.cache, use_cache=True,
                                           logits_to_keep=0 if keep_logits == width else keep_logits

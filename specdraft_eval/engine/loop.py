@@ -125,11 +125,10 @@ def _steps(target_model: Module, cache: BatchCache, rows: list[_Row], drafters: 
     started = clock(device)
     while rows:
         t0 = clock(device)
-        controller.rows = len(rows)
-        gamma = controller.gamma
         tokens = [row.prompt + row.new for row in rows]
-        budgets = ([gamma if row.new else 0 for row in rows] if steps_as_vllm  # (RunSettings.steps_as_vllm)
-                   else [min(gamma, max_new_tokens - len(row.new) - 1) for row in rows])
+        planned = zip(rows, controller.next_step(len(rows)), strict=True)
+        budgets = ([gamma if row.new else 0 for row, gamma in planned] if steps_as_vllm  # (RunSettings.steps_as_vllm)
+                   else [min(gamma, max_new_tokens - len(row.new) - 1) for row, gamma in planned])
         behind = [i for i, (row, budget) in enumerate(zip(rows, budgets, strict=True)) if budget > 0 and row.behind]
         catching_up, returning = 0.0, all(rows[i].drafted for i in behind)  # (not a prompt's prefill)
         if behind:

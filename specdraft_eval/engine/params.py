@@ -57,10 +57,12 @@ def text_stop(tokenizer, stop: list[str] | None) -> StopCheck | None:
 class FixedGamma:
     """γ that never changes: :class:`~specdraft_eval.engine.gamma.GammaController`'s interface for a fixed γ."""
 
-    rows = 1
-
     def __init__(self, gamma: int) -> None:
         self.gamma = self.max_num_draft_tokens = gamma
+
+    def next_step(self, rows: int) -> list[int]:
+        """γ for every row."""
+        return [self.gamma] * rows
 
     def update(self, drafted, accepted, draft_seconds: float, verify_seconds: float, asked=None) -> None:
         """Nothing to learn."""
