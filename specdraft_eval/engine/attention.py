@@ -3,11 +3,11 @@
 transformers' ``sdpa`` attention under grouped-query attention (``num_key_value_groups`` g > 1) avoids copying the
 keys and values g times only for a single query token (it folds the g query heads of a KV head into its queries)
 or without a mask (``enable_gqa``). A speculative step of a batch has both several tokens per row and a mask, so
-each layer copied its whole cache g times (``repeat_kv``): at batch 16 × 560 positions, about a third of a width-2
-step on the CPU (``benchmarks/step_profile/``). :func:`grouped_queries` folds the queries instead, for the steps it
-wraps: the g query heads of a KV head and their ``width`` tokens become one head of g × ``width`` queries, each
-with its own token's mask row. Each query's attention is the same sum over the same keys, so the logits match the
-unfolded ones (tests: ``tests/test_batch.py``).
+each layer copied its whole cache g times (``repeat_kv``): at batch 16 × up to 512 prompt tokens, about a third of
+a width-2 step on the CPU (``scripts/step_widths.py``). :func:`grouped_queries` folds the queries instead, for the
+eager steps it wraps (a compiled step keeps the attention it was traced with): the g query heads of a KV head and
+their ``width`` tokens become one head of g × ``width`` queries, each with its own token's mask row. Each query's
+attention is the same sum over the same keys, so the logits match the unfolded ones (tests: ``tests/test_batch.py``).
 """
 
 from __future__ import annotations

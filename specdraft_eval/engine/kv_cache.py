@@ -56,10 +56,11 @@ SPARE = 0.25
 class GrowingLayer(DynamicLayer):
     """transformers' ``DynamicLayer``, appending in place: ``keys``/``values`` are views of the first n positions of
     tensors with room to spare, so a step writes its new columns where ``DynamicLayer`` copies the whole cache into
-    a new tensor (``torch.cat``: at batch 16 × 560 positions, a quarter of a plain step on the CPU). Out of room, or
-    after ``keys`` were replaced (a gather), the next update moves them into new tensors with :data:`SPARE` room;
-    ``crop`` leaves a view (the next write overwrites what it dropped). States that carry gradients (training) are
-    appended as ``DynamicLayer`` does: autograd needs the tensors it saw unchanged."""
+    a new tensor (``torch.cat``: at batch 16 × up to 512 prompt tokens, 14 of a plain step's 55 ms in torch's
+    profiler on the CPU). Out of room, or after ``keys`` were replaced (a gather), the next update moves them into
+    new tensors with :data:`SPARE` room; ``crop`` leaves a view (the next write overwrites what it dropped). States
+    that carry gradients (training) are appended as ``DynamicLayer`` does: autograd needs the tensors it saw
+    unchanged."""
 
     room: tuple[torch.Tensor, torch.Tensor] | None = None  # [rows, kv heads, positions with spare, head dim]
 
@@ -438,7 +439,7 @@ class BatchCache:
         ids, attention, position_ids = self.rows.inputs(tokens, start, keys, model, trees, self.storage.widen, layout)
         self.storage.attend(keys)
         with real_tokens_only(self.step or model, [len(row) for row in tokens], width), \
-                grouped_queries(width, attention is not None):
+                grouped_queries(width, attention is not None and self.step is None):  # (compiled: as traced)
             logits = (self.step or model)(input_ids=ids, attention_mask=attention, position_ids=position_ids,
                                           cache=self.cache, use_cache=True,
                                           logits_to_keep=0 if keep_logits == width else keep_logits
