@@ -85,8 +85,9 @@ class GammaController:
                verify_seconds: float, asked: int | Sequence[int] | None = None) -> None:
         """Record one step: each row's drafted and accepted tokens (an int for a batch of one), the batch's drafting
         seconds and its verification pass's. ``asked``: each row's draft budget (default: what it drafted). A step is
-        costed by the γ asked, and a position asked for that the draft had no token for (prompt lookup without a
-        match) counts as reached and rejected, so the model weighs what asking for γ tokens yields and costs."""
+        costed by the tokens asked per row on average, and a position asked for that the draft had no token for
+        (prompt lookup without a match) counts as reached and rejected, so the model weighs what asking for γ tokens
+        yields and costs."""
         drafted, accepted = _per_row(drafted), _per_row(accepted)
         asked = drafted if asked is None else _per_row(asked)
         rows, widest = len(drafted), max(asked)
