@@ -300,3 +300,24 @@ def test_the_growing_cache_appends_in_place_and_holds_what_transformers_dynamic_
         layer, "values", layer.values.flip(2).contiguous()))  # replaced, as a gather does
     both(update(40))  # past the room: moved
     both(update(1))
+
+
+def test_an_sdpa_the_user_registered_is_left_alone_by_the_fold():
+    """Where ``sdpa`` is not transformers' own (a user's override), a masked wide step runs the user's function and
+    the override is still there after it."""
+    from specdraft_eval.engine.attention import ALL_ATTENTION_FUNCTIONS, sdpa_attention_forward
+
+    calls = []
+
+    def users(*args, **kwargs):
+        calls.append(1)
+        return sdpa_attention_forward(*args, **kwargs)
+
+    target = tiny_llama(seed=6, layers=2)
+    ALL_ATTENTION_FUNCTIONS["sdpa"] = users
+    try:
+        with torch.inference_mode():
+            prefill(target, [[1, 2, 3, 4], [5, 6]]).forward(target, [[4, 7, 8], [6, 9, 10]], 3)
+        assert calls and ALL_ATTENTION_FUNCTIONS["sdpa"] is users
+    finally:
+        del ALL_ATTENTION_FUNCTIONS["sdpa"]

@@ -13,7 +13,7 @@ def drive(controller: GammaController, steps: int, accept: float, verify_ms, dra
     ``accept``; verify costs ``verify_ms(n)`` for n tokens."""
     chosen, accepted_total, drafted_total = [], 0, 0
     for _ in range(steps):
-        gamma = controller.choose(1)
+        gamma = controller.next_step(1)[0]
         chosen.append(gamma)
         accepted = 0
         while accepted < gamma and (accepted_total + 1) <= accept * (drafted_total + gamma):
@@ -26,9 +26,9 @@ def drive(controller: GammaController, steps: int, accept: float, verify_ms, dra
 
 def test_starts_at_gamma_then_measures_an_autoregressive_step():
     controller = GammaController(start=4, max_num_draft_tokens=16)
-    assert controller.choose(1) == 4
+    assert controller.next_step(1)[0] == 4
     controller.update(4, 4, 0.001, 0.070)
-    assert controller.choose(1) == 0  # a 1-token step has not been measured yet
+    assert controller.next_step(1)[0] == 0  # a 1-token step has not been measured yet
 
 
 def test_climbs_when_verification_is_flat_and_drafts_are_accepted():
@@ -71,7 +71,7 @@ def test_probes_that_do_not_pay_back_off_exponentially_and_one_that_pays_resets(
     assert controller.probe_every == 64
     for _ in range(64):
         controller.update(0, 0, 0.0, 0.07)
-    assert controller.choose(1) == 1  # the next probe is due
+    assert controller.next_step(1)[0] == 1  # the next probe is due
     controller.update(1, 1, 0.001, 0.071)  # accepted, but one acceptance after many rejections: still no gain
     assert controller.probe_every == 64
     good = GammaController(start=4, max_num_draft_tokens=16, probe_every=8, max_probe_every=64)
@@ -211,11 +211,11 @@ def test_gamma_is_chosen_per_batch_size():
         gammas = controller.next_step(rows)
         accepted = [min(gamma, 2) for gamma in gammas]  # 2 of every draft accepted
         controller.update(gammas, accepted, 0.0005 * max(gammas), cost(rows, rows + sum(gammas)), asked=gammas)
-    assert controller.choose(1) >= 3
-    assert controller.choose(8) == 0
-    assert controller.choose(4) == 0  # never measured: one plain step first
+    assert controller.next_step(1)[0] >= 3
+    assert controller.next_step(8)[0] == 0
+    assert controller.next_step(4)[0] == 0  # never measured: one plain step first
     controller.update([0] * 4, [0] * 4, 0.0, 0.040)
-    assert controller.choose(4) == 0  # the shape of 8 (the nearest by ratio that drafted): speculation does not pay
+    assert controller.next_step(4)[0] == 0  # the shape of 8 (the nearest by ratio that drafted): drafting does not pay
     assert controller.verify_seconds(3, 4) == pytest.approx(0.040 * 3)
 
 

@@ -43,8 +43,9 @@ def folded_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
 
 @contextmanager
 def grouped_queries(width: int, masked: bool) -> Iterator[None]:
-    """Within this block, ``sdpa`` attention is :func:`folded_sdpa` (for a masked step ``width`` tokens wide)."""
-    if width == 1 or not masked:
+    """Within this block, ``sdpa`` attention is :func:`folded_sdpa` (for a masked step ``width`` tokens wide), where it
+    is transformers' own (an ``sdpa`` the user registered is left alone)."""
+    if width == 1 or not masked or ALL_ATTENTION_FUNCTIONS["sdpa"] is not sdpa_attention_forward:
         yield
         return
     ALL_ATTENTION_FUNCTIONS["sdpa"] = folded_sdpa

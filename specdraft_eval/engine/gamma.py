@@ -146,10 +146,6 @@ class GammaController:
         seconds, positions = self._draft[size]
         return seconds / positions if positions else 0.0
 
-    def choose(self, rows: int) -> int:
-        """γ for a step of ``rows`` rows (a probe's, which in a batch only its first row drafts: :meth:`next_step`)."""
-        return self._choice(rows)[0]
-
     def _choice(self, rows: int) -> tuple[int, bool]:
         """γ for a step of ``rows`` rows, and whether it is a probe."""
         if not self._verify:  # the first step: a probe of γ = start
