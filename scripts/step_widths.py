@@ -25,8 +25,9 @@ from transformers.cache_utils import DynamicLayer
 
 from specdraft_eval.engine import kv_cache
 from specdraft_eval.engine.loop import prefill
+from specdraft_eval.errors import SpecdecError
 from specdraft_eval.models.targets import load_target
-from zoo.measure.prompts import load_prompts
+from zoo.measure.prompts import check_positive, load_prompts
 
 VARIANTS = {"shipped": (True, True), "no fold": (False, True), "no in-place": (True, False), "neither": (False, False)}
 
@@ -38,8 +39,15 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     rows = args.batch_size
+    try:
+        check_positive(batch_size=rows, rounds=args.rounds)
+        texts = load_prompts("specdec_humaneval", None, rows)
+        if len(texts) < rows:
+            raise SpecdecError(f"--batch-size {rows}: specdec_humaneval holds {len(texts)} prompts; give at most that")
+    except SpecdecError as exc:
+        raise SystemExit(f"error: {exc}") from None
     target = load_target("smollm2-135m-instruct", kernels="onednn")
-    ids = [target.tokenizer(p).input_ids[-512:] for p in load_prompts("specdec_humaneval", None, rows)]
+    ids = [target.tokenizer(p).input_ids[-512:] for p in texts]
     shapes = {"all 1": [1] * rows, "first 2": [2] + [1] * (rows - 1), "all 2": [2] * rows, "all 5": [5] * rows}
     folding, appending = kv_cache.grouped_queries, kv_cache.GrowingLayer.update
     times: dict[tuple[str, str], list[float]] = {(v, s): [] for v in VARIANTS for s in shapes}
