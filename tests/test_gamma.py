@@ -31,6 +31,22 @@ def test_starts_at_gamma_then_measures_an_autoregressive_step():
     assert controller.next_step(1)[0] == 0  # a 1-token step has not been measured yet
 
 
+def test_a_probe_that_drafted_nothing_measures_no_verification_and_probes_again():
+    """The first step's probe asks row 0 of 8 for 4 tokens and the draft has none (an EAGLE head before a one-token
+    prompt's first pass): its pass is a plain one, so the next step probes again rather than taking that plain cost
+    as verifying 1 + 4/8 tokens a row (then a measured plain step of the same cost made verification look free and
+    whether the batch ever drafted hung on timing noise). Control: a probe that drafted is measured, and the next
+    step is the plain one that completes the shape."""
+    controller = GammaController(start=4, max_num_draft_tokens=16)
+    assert controller.next_step(8) == [4] + [0] * 7
+    controller.update([0] * 8, [0] * 8, 0.001, 0.100, asked=[4] + [0] * 7)
+    assert controller.next_step(8) == [4] + [0] * 7
+    assert controller.verify_seconds(1, 8) == 0.100
+    control = GammaController(start=4, max_num_draft_tokens=16)
+    control.update([4] + [0] * 7, [0] * 8, 0.001, 0.100, asked=[4] + [0] * 7)
+    assert control.next_step(8) == [0] * 8
+
+
 def test_climbs_when_verification_is_flat_and_drafts_are_accepted():
     controller = GammaController(start=4, max_num_draft_tokens=16)
     chosen = drive(controller, 40, accept=0.95, verify_ms=lambda n: 60.0, draft_ms=0.05)

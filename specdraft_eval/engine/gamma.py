@@ -11,7 +11,10 @@ over 0..max (B cancels: every row is asked for γ). Position-wise rates capture 
 copies a run or misses at once), which a single per-token rate would not; a position never drafted yet takes the
 last measured rate. A position asked for that the draft had no token for (prompt lookup without a match) counts as
 rejected, and a step's verification is costed by the γ it asked for, whatever the rows supplied (with ragged steps,
-:mod:`~specdraft_eval.engine.ragged`, rows that supply less cost less): both sides are what asking for γ yields.
+:mod:`~specdraft_eval.engine.ragged`, rows that supply less cost less): both sides are what asking for γ yields. A
+step where no row had a token to offer is costed as the plain step it was, so a probe of a row the draft cannot
+serve yet (an EAGLE head before a one-token prompt's first pass) teaches nothing of verification, and the controller
+probes again until a step that drafted is measured.
 
 γ = 0 is a plain step, so where a batch's spare compute is gone (a CPU at batch 8, a GPU at hundreds of tokens per
 step) the batch decodes at plain speed. A *probe* drafts to learn: the first step (γ = start), and after
@@ -85,14 +88,16 @@ class GammaController:
                verify_seconds: float, asked: int | Sequence[int] | None = None) -> None:
         """Record one step: each row's drafted and accepted tokens (an int for a batch of one), the batch's drafting
         seconds and its verification pass's. ``asked``: each row's draft budget (default: what it drafted). A step is
-        costed by the tokens asked per row on average, and a position asked for that the draft had no token for
-        (prompt lookup without a match) counts as reached and rejected, so the model weighs what asking for γ tokens
-        yields and costs."""
+        costed by the tokens asked per row on average (one where no row had a token to offer, as a plain step: it
+        says nothing of verifying drafted ones), and a position asked for that the draft had no token for (prompt
+        lookup without a match) counts as reached and rejected, so the model weighs what asking for γ tokens yields
+        and costs."""
         drafted, accepted = _per_row(drafted), _per_row(accepted)
         asked = drafted if asked is None else _per_row(asked)
         rows, widest = len(drafted), max(asked)
         probed = widest > 0 and self._verify and self._idle.get(rows, 0) >= self._probe_wait(rows)
-        widths, n = self._verify.setdefault(rows, {}), 1 + sum(asked) / rows  # tokens asked per row, on average
+        # tokens asked per row, on average; a step that drafted nothing verified what a plain step does
+        widths, n = self._verify.setdefault(rows, {}), 1 + sum(asked) / rows if max(drafted) else 1.0
         widths[n] = verify_seconds if n not in widths else DECAY * widths[n] + (1 - DECAY) * verify_seconds
         if not widest:
             self._idle[rows] = self._idle.get(rows, 0) + 1
