@@ -32,18 +32,18 @@ def test_starts_at_gamma_then_measures_an_autoregressive_step():
 
 
 def test_a_probe_that_drafted_nothing_measures_no_verification_and_probes_again():
-    """The first step's probe asks row 0 of 8 for 4 tokens and the draft has none (an EAGLE head before a one-token
+    """The first step's probe asks row 0 of 8 for a token and the draft has none (an EAGLE head before a one-token
     prompt's first pass): its pass is a plain one, so the next step probes again rather than taking that plain cost
-    as verifying 1 + 4/8 tokens a row (then a measured plain step of the same cost made verification look free and
+    as verifying 1 + 1/8 tokens a row (then a measured plain step of the same cost made verification look free and
     whether the batch ever drafted hung on timing noise). Control: a probe that drafted is measured, and the next
     step is the plain one that completes the shape."""
     controller = GammaController(start=4, max_num_draft_tokens=16)
-    assert controller.next_step(8) == [4] + [0] * 7
-    controller.update([0] * 8, [0] * 8, 0.001, 0.100, asked=[4] + [0] * 7)
-    assert controller.next_step(8) == [4] + [0] * 7
+    assert controller.next_step(8) == [1] + [0] * 7
+    controller.update([0] * 8, [0] * 8, 0.001, 0.100, asked=[1] + [0] * 7)
+    assert controller.next_step(8) == [1] + [0] * 7
     assert controller.verify_seconds(1, 8) == 0.100
     control = GammaController(start=4, max_num_draft_tokens=16)
-    control.update([4] + [0] * 7, [0] * 8, 0.001, 0.100, asked=[4] + [0] * 7)
+    control.update([1] + [0] * 7, [0] * 8, 0.001, 0.100, asked=[1] + [0] * 7)
     assert control.next_step(8) == [0] * 8
 
 
@@ -83,7 +83,9 @@ def test_probes_that_do_not_pay_back_off_exponentially_and_one_that_pays_resets(
     chosen = drive(controller, 400, accept=0.0, verify_ms=lambda n: 60.0 + 10.0 * n, draft_ms=20.0)
     probes = [i for i, g in enumerate(chosen) if g == 1 and i > 2]
     gaps = [b - a for a, b in zip(probes, probes[1:])]
-    assert gaps[:3] == [17, 33, 65] and set(gaps[3:]) == {65}  # 16, 32, 64 autoregressive steps between probes
+    # a γ = 1 probe costs 10 ms verifying and 20 ms drafting, 43% of a 70 ms plain step: at PROBE_SHARE (1%) it waits
+    # 43 plain steps, until the wait's doubling (8, 16, 32, 64) passes that
+    assert gaps[:2] == [44, 44] and set(gaps[2:]) == {65}
     assert controller.probe_every == 64
     for _ in range(64):
         controller.update(0, 0, 0.0, 0.07)
@@ -136,7 +138,7 @@ class Scripted(GammaController):
     def update(self, drafted, accepted, draft_seconds: float, verify_seconds: float, asked=None) -> None:
         self.next = self.script.pop(0) if self.script else 2
 
-    def next_step(self, rows: int) -> list[int]:
+    def next_step(self, rows: int, prober: int = 0) -> list[int]:
         return [self.next] * rows
 
 
@@ -181,6 +183,42 @@ def test_a_draft_catches_up_before_its_first_draft_and_after_gamma_zero_as_its_p
     assert reads[0] == len(prompt) - 1 and all(n > 0 for n in reads[1:])  # the prompt; what γ 0 emitted
     assert stats.draft_prefill_tokens == sum(reads)
     assert stats.draft_prefill_seconds > 0 and stats.draft_prefill_ms_per_token is not None
+
+
+def test_a_batch_probes_the_row_its_draft_has_least_to_catch_up_on():
+    """The loop names the row that drafts a batch's probe: the one whose draft has the fewest tokens unread (first
+    the shortest prompt, then the row that drafted last, a few tokens behind where the others are a whole prompt),
+    so a probe's catching up costs least; outputs unchanged. Control: with the prompts reordered, the prober moves
+    with the short prompt."""
+    from support import tiny_llama
+
+    from specdraft_eval.drafts.layers import layer_view
+    from specdraft_eval.drafts.model import ModelDrafter
+    from specdraft_eval.engine.loop import autoregressive_generate_batch, speculative_generate_batch
+
+    class Probing(GammaController):
+        """Probes every step, γ 2 for the row the loop names."""
+
+        def __init__(self) -> None:
+            super().__init__(2, 8)
+            self.probers: list[tuple[int, int]] = []  # (rows, prober) per step
+
+        def next_step(self, rows: int, prober: int = 0) -> list[int]:
+            self.probers.append((rows, prober))
+            return [2 if row == prober else 0 for row in range(rows)]
+
+        def update(self, *measured, asked=None) -> None:
+            """Nothing to learn."""
+
+    target = tiny_llama(seed=1, layers=4)
+    long, short, middle = list(range(3, 30)), list(range(5, 12)), list(range(4, 20))
+    for prompts, expected in (([long, short, middle], 1), ([short, middle, long], 0), ([middle, long, short], 2)):
+        controller = Probing()
+        draft = ModelDrafter(layer_view(target, [0, 1]), "layers:0-1", target.config.vocab_size)
+        out, stats = speculative_generate_batch(target, draft, prompts, 12, gamma_controller=controller)
+        assert out == autoregressive_generate_batch(target, prompts, 12)[0]
+        assert {prober for rows, prober in controller.probers if rows == 3} == {expected}, controller.probers
+        assert stats.draft_tokens > 0
 
 
 def test_catching_up_changes_no_draft():
@@ -287,15 +325,19 @@ def test_probes_in_a_batch_draft_one_row_cost_a_fraction_and_back_off_even_when_
     controller = GammaController(start=2, max_num_draft_tokens=8, probe_every=4, max_probe_every=256)
     seconds, extra, probes = 0.0, 0.0, []
     for step in range(400):
-        gammas = controller.next_step(16)
-        cost = 0.00625 * (16 + sum(gammas))
-        seconds, extra = seconds + cost, extra + cost - 0.100
+        gammas = controller.next_step(16, prober=step % 16)
+        cost, drafting = 0.00625 * (16 + sum(gammas)), 0.030 * max(gammas)  # a head catching up and drafting
+        seconds, extra = seconds + cost + drafting, extra + cost - 0.100 + drafting
         if any(gammas):
-            probes.append(gammas)
-        controller.update(gammas, gammas, 0.004 * max(gammas), cost, asked=gammas)  # all accepted
-    assert probes and all(sum(1 for gamma in gammas if gamma) == 1 for gammas in probes)
-    assert probes[0][0] == 2  # the first step: γ = start, one row
+            probes.append((step, gammas, cost - 0.100 + drafting))
+        controller.update(gammas, gammas, drafting, cost, asked=gammas)  # all accepted
+    assert probes and all(gammas[step % 16] and sum(map(bool, gammas)) == 1 for step, gammas, _ in probes)
+    assert probes[0][1][0] == 1  # the first step: γ 1 (not start: in a batch), one row (the row the loop names)
     assert extra <= PROBE_SHARE * seconds and controller.probe_every > 4
+    # every probe waited plain steps enough to cost under PROBE_SHARE of them: its drafting counts too (with
+    # verification alone, the second probe came after 8 steps, 4.5%)
+    for (before, _, _), (step, _, spent) in zip(probes, probes[1:]):
+        assert spent <= PROBE_SHARE * 0.100 * (step - before - 1), probes
 
 
 def _sometimes_drafting(cost, steps: int = 200) -> list[int]:
@@ -309,6 +351,22 @@ def _sometimes_drafting(cost, steps: int = 200) -> list[int]:
         drafted = [gamma if row == step % 4 else 0 for row, gamma in enumerate(asked)]
         controller.update(drafted, drafted, 0.002 * max(asked), cost(4 + sum(drafted)), asked=asked)
     return chosen
+
+
+def test_a_steps_acceptance_weighs_the_same_whichever_row_drafted():
+    """Acceptance decays once a step: a probe's tokens drafted and accepted in row 0 of 16 count as they do in row
+    15 or in a batch of one. (Decayed once a row, the 15 plain rows after row 0 left 0.9^15 of its evidence, so
+    which row probed changed the γ chosen.)"""
+    seen = []
+    for rows, prober in ((1, 0), (16, 0), (16, 15)):
+        controller = GammaController(start=4, max_num_draft_tokens=16)
+        for accepted in (4, 1, 3):
+            drafted = [4 if row == prober else 0 for row in range(rows)]
+            kept = [accepted if row == prober else 0 for row in range(rows)]
+            controller.update(drafted, kept, 0.001, 0.050, asked=drafted)
+        seen.append([round(controller.acceptance(position), 12) for position in (1, 2, 3, 4)])
+    assert seen[0] == seen[1] == seen[2], seen
+    assert seen[0][0] > seen[0][3]  # and the evidence is there: position 4 was accepted once in three
 
 
 def test_rows_the_draft_had_nothing_for_count_as_misses():

@@ -279,7 +279,7 @@ class LateGamma:
     def __init__(self) -> None:
         self.steps = 0
 
-    def next_step(self, rows: int) -> list[int]:
+    def next_step(self, rows: int, prober: int = 0) -> list[int]:
         self.steps += 1
         return [0 if self.steps <= 6 else 4] * rows
 

@@ -17,18 +17,18 @@ serve yet (an EAGLE head before a one-token prompt's first pass) teaches nothing
 probes again until a step that drafted is measured.
 
 γ = 0 is a plain step, so where a batch's spare compute is gone (a CPU at batch 8, a GPU at hundreds of tokens per
-step) the batch decodes at plain speed. A *probe* drafts to learn: the first step (γ = start), and after
-``probe_every`` plain steps one of γ = 1 (later where the probe's wider verification costs more:
-:data:`PROBE_SHARE`); each probe after which drafting still does not pay doubles the wait (up to
-``max_probe_every``). In a batch only the first row drafts a probe (:meth:`GammaController.next_step`): ragged
-steps verify its extra tokens alone, its draft catches up alone, and t_verify(B, 1 + γ / B) extrapolates to every
-row drafting (linearly in the tokens fed, never below what was measured), so a hopeless draft costs a batch a
-fraction of a percent. A draft's time includes its catching up after plain steps (an EAGLE head reads the features
-it skipped), which is what switching back to drafting costs. A batch size met after the first step takes one plain
-step (its t_verify(B, 1)), then borrows the cost shape t_verify(B', n) / t_verify(B', 1) of the nearest batch size
-that drafted, until its own are measured. One controller serves every generation of a run
-(``speculative_generate(..., gamma_controller=...)``): what it learnt carries over, including to the smaller
-batches rows leave behind. γ grows by at most 2 beyond the widest measured, so it only climbs while the
+step) the batch decodes at plain speed. A *probe* drafts to learn: the first step (γ = start; in a batch, 1), and
+after ``probe_every`` plain steps one of γ = 1 (later where the probe's wider verification and its drafting cost
+more: :data:`PROBE_SHARE`); each probe after which drafting still does not pay doubles the wait (up to
+``max_probe_every``). In a batch one row drafts a probe, the one its draft has the least to catch up on
+(:meth:`GammaController.next_step`): ragged steps verify its extra tokens alone, its draft catches up alone, and
+t_verify(B, 1 + γ / B) extrapolates to every row drafting (linearly in the tokens fed, never below what was
+measured), so a hopeless draft costs a batch a fraction of a percent. A draft's time includes its catching up after
+plain steps (an EAGLE head reads the features it skipped), which is what switching back to drafting costs. A batch
+size met after the first step takes one plain step (its t_verify(B, 1)), then borrows the cost shape t_verify(B', n)
+/ t_verify(B', 1) of the nearest batch size that drafted, until its own are measured. One controller serves every
+generation of a run (``speculative_generate(..., gamma_controller=...)``): what it learnt carries over, including to
+the smaller batches rows leave behind. γ grows by at most 2 beyond the widest measured, so it only climbs while the
 measurements say it pays.
 """
 
@@ -63,11 +63,14 @@ class GammaController:
         """The controller dynamic γ uses: starts at ``num_draft_tokens``, chooses from 0..4×``num_draft_tokens``."""
         return cls(num_draft_tokens, 4 * num_draft_tokens)
 
-    def next_step(self, rows: int) -> list[int]:
+    def next_step(self, rows: int, prober: int = 0) -> list[int]:
         """Each row's γ for the next step of ``rows`` rows: the chosen γ for every row, or, where a batch probes,
-        for its first row alone (the others take a plain step)."""
+        for row ``prober`` alone (the others take a plain step; the loop names the row its draft has the least to
+        catch up on)."""
         gamma, probe = self._choice(rows)
-        return [gamma] + [0 if probe and rows > 1 else gamma] * (rows - 1)
+        if probe and rows > 1:
+            return [gamma if row == prober else 0 for row in range(rows)]
+        return [gamma] * rows
 
     def acceptance(self, position: int) -> float:
         """c_position: the chance that draft token ``position`` (1-based) is accepted given the earlier ones were."""
@@ -102,14 +105,13 @@ class GammaController:
         if not widest:
             self._idle[rows] = self._idle.get(rows, 0) + 1
             return
+        self._reached = [DECAY * count for count in self._reached]  # once a step, however many rows it has
+        self._kept = [DECAY * count for count in self._kept]
         for row_asked, row_drafted, row_accepted in zip(asked, drafted, accepted, strict=True):
             reached = min(row_accepted + 1, max(row_asked, row_drafted))  # positions 1..accepted+1 were reached
             while len(self._reached) < max(row_drafted, reached):
                 self._reached.append(0.0)
                 self._kept.append(0.0)
-            for i in range(len(self._reached)):
-                self._reached[i] *= DECAY
-                self._kept[i] *= DECAY
             for i in range(reached):
                 self._reached[i] += 1
                 self._kept[i] += i < row_accepted
@@ -153,28 +155,37 @@ class GammaController:
 
     def _choice(self, rows: int) -> tuple[int, bool]:
         """γ for a step of ``rows`` rows, and whether it is a probe."""
-        if not self._verify:  # the first step: a probe of γ = start
-            return self.start, True
+        if not self._verify:  # the first step: a probe
+            return self._first_probe(rows), True
         if 1 not in self._widths(rows):
             return 0, False  # measure a plain step of this batch size
         widths = self._widths(rows)
         if len(widths) < 2:
             other = self._nearest(rows, [size for size in self._verify if self._shaped(size)])
             if other is None:
-                return self.start, True
+                return self._first_probe(rows), True
             widths = self._widths(other)
         best = self._best(rows, math.ceil(max(widths) - 1))
         if best == 0 and self._idle.get(rows, 0) >= self._probe_wait(rows):
             return 1, True
         return best, False
 
+    def _first_probe(self, rows: int) -> int:
+        """γ of a batch size's first probe: ``start`` alone; in a batch, 1 for its one row (each token it adds widens
+        the whole batch's step, and one is enough to tell whether every row drafting can pay: the model climbs
+        from there by at most 2 a step)."""
+        return self.start if rows == 1 else 1
+
     def _probe_wait(self, rows: int) -> int:
         """Plain steps at ``rows`` rows before a γ = 1 probe (one row's in a batch): ``probe_every``, or more where
-        the probe's wider verification costs more than :data:`PROBE_SHARE` of that many plain steps (as measured at
-        this batch size: a shape borrowed from another is a guess the probe tests)."""
-        probe = 1 + 1 / rows  # tokens per row
-        extra = self.verify_seconds(probe, rows) / self.verify_seconds(1, rows) - 1 if self._shaped(rows) else 0.0
-        return max(self.probe_every, math.ceil(extra / PROBE_SHARE))
+        the probe (its wider verification and its drafting, catching up included) costs more than
+        :data:`PROBE_SHARE` of that many plain steps (as measured at this batch size: a shape borrowed from another
+        is a guess the probe tests)."""
+        if not self._shaped(rows):
+            return self.probe_every
+        plain = self.verify_seconds(1, rows)
+        extra = self.verify_seconds(1 + 1 / rows, rows) - plain + self.draft_seconds(rows)
+        return max(self.probe_every, math.ceil(extra / plain / PROBE_SHARE))
 
     def _best(self, rows: int, largest: int | None = None) -> int:
         """The γ the model says is fastest for ``rows`` rows, up to 2 past the ``largest`` measured (default: this

@@ -111,6 +111,7 @@ class _Row:
     stats: GenerationStats = field(default_factory=GenerationStats)
     behind: bool = True  # its draft has not read every token but the last: before its first draft, after γ = 0
     drafted: bool = False  # it has drafted before: catching up now is the cost of returning from γ = 0
+    read: int = 0  # tokens of prompt + new its draft had when it last drafted (what catching up skips)
 
 
 def _steps(target_model: Module, cache: BatchCache, rows: list[_Row], drafters: BatchDrafter, params: DecodeParams,
@@ -126,7 +127,8 @@ def _steps(target_model: Module, cache: BatchCache, rows: list[_Row], drafters: 
     while rows:
         t0 = clock(device)
         tokens = [row.prompt + row.new for row in rows]
-        planned = zip(rows, controller.next_step(len(rows)), strict=True)
+        prober = min(range(len(rows)), key=lambda i: len(tokens[i]) - rows[i].read)  # least to catch up on
+        planned = zip(rows, controller.next_step(len(rows), prober), strict=True)
         budgets = ([gamma if row.new else 0 for row, gamma in planned] if steps_as_vllm  # (RunSettings.steps_as_vllm)
                    else [min(gamma, max_new_tokens - len(row.new) - 1) for row, gamma in planned])
         behind = [i for i, (row, budget) in enumerate(zip(rows, budgets, strict=True)) if budget > 0 and row.behind]
@@ -136,8 +138,9 @@ def _steps(target_model: Module, cache: BatchCache, rows: list[_Row], drafters: 
             for i, read in zip(behind, drafters.ingest(tokens, behind), strict=True):
                 rows[i].stats.draft_prefill_tokens += read
             catching_up = clock(device) - start
-        for row, budget in zip(rows, budgets, strict=True):
+        for row, budget, row_tokens in zip(rows, budgets, tokens, strict=True):
             row.behind, row.drafted = budget <= 0, row.drafted or budget > 0
+            row.read = len(row_tokens) if budget > 0 else row.read
         proposals = drafters.propose(tokens, budgets, [row.sampler for row in rows])
         t1 = clock(device)
         verdicts = verify_step(target_model, cache, tokens, proposals, [row.sampler for row in rows])

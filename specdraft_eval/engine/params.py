@@ -60,8 +60,8 @@ class FixedGamma:
     def __init__(self, gamma: int) -> None:
         self.gamma = self.max_num_draft_tokens = gamma
 
-    def next_step(self, rows: int) -> list[int]:
-        """γ for every row."""
+    def next_step(self, rows: int, prober: int = 0) -> list[int]:
+        """γ for every row (a fixed γ never probes: ``prober`` is unused)."""
         return [self.gamma] * rows
 
     def update(self, drafted, accepted, draft_seconds: float, verify_seconds: float, asked=None) -> None:
