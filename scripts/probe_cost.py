@@ -30,7 +30,7 @@ from specdraft_eval.engine.loop import NoDraft, speculative_generate_batch
 from specdraft_eval.engine.params import FixedGamma
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.models.targets import load_target
-from zoo.measure.prompts import check_positive, load_prompts
+from zoo.measure.prompts import batch_prompts, check_positive
 
 
 class Clocked:
@@ -77,10 +77,8 @@ def main() -> None:
     args = parser.parse_args()
     rows = args.batch_size
     try:
-        check_positive(batch_size=rows, rounds=args.rounds, max_new_tokens=args.max_new_tokens)
-        texts = load_prompts("specdec_humaneval", None, rows)
-        if len(texts) < rows:
-            raise SpecdecError(f"--batch-size {rows}: specdec_humaneval holds {len(texts)} prompts; give at most that")
+        texts = batch_prompts("specdec_humaneval", rows)
+        check_positive(rounds=args.rounds, max_new_tokens=args.max_new_tokens)
         target = load_target("smollm2-135m-instruct", kernels="onednn")
         draft = load_draft(args.draft, target)
     except SpecdecError as exc:

@@ -27,7 +27,7 @@ from specdraft_eval.engine import kv_cache
 from specdraft_eval.engine.loop import prefill
 from specdraft_eval.errors import SpecdecError
 from specdraft_eval.models.targets import load_target
-from zoo.measure.prompts import check_positive, load_prompts
+from zoo.measure.prompts import batch_prompts, check_positive
 
 VARIANTS = {"shipped": (True, True), "no fold": (False, True), "no in-place": (True, False), "neither": (False, False)}
 
@@ -40,10 +40,8 @@ def main() -> None:
     args = parser.parse_args()
     rows = args.batch_size
     try:
-        check_positive(batch_size=rows, rounds=args.rounds)
-        texts = load_prompts("specdec_humaneval", None, rows)
-        if len(texts) < rows:
-            raise SpecdecError(f"--batch-size {rows}: specdec_humaneval holds {len(texts)} prompts; give at most that")
+        texts = batch_prompts("specdec_humaneval", rows)
+        check_positive(rounds=args.rounds)
     except SpecdecError as exc:
         raise SystemExit(f"error: {exc}") from None
     target = load_target("smollm2-135m-instruct", kernels="onednn")

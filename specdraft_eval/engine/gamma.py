@@ -135,14 +135,20 @@ class GammaController:
         """The batch size of ``sizes`` nearest ``rows`` by ratio."""
         return min(sizes, key=lambda size: (abs(math.log(size / rows)), size), default=None)
 
+    def _borrowed(self, rows: int) -> int | None:
+        """Where ``rows`` rows have only their plain step measured: the nearest batch size that drafted, whose cost
+        shape they borrow (None if none did, or if ``rows`` has its own)."""
+        widths = self._widths(rows)
+        if len(widths) < 2 and 1 in widths:
+            return self._nearest(rows, [size for size in self._verify if self._shaped(size)])
+        return None
+
     def verify_seconds(self, n: float, rows: int = 1) -> float:
         """Measured, interpolated or (optimistically) extrapolated seconds to verify ``n`` tokens in each of ``rows``
         rows; a batch size with only its plain step measured scales the nearest drafting batch size's shape."""
-        widths = self._widths(rows)
-        if len(widths) < 2 and 1 in widths:
-            other = self._nearest(rows, [size for size in self._verify if self._shaped(size)])
-            if other is not None:
-                return widths[1] * _estimate(self._widths(other), n) / self._verify[other][1]
+        widths, other = self._widths(rows), self._borrowed(rows)
+        if other is not None:
+            return widths[1] * _estimate(self._widths(other), n) / self._verify[other][1]
         return _estimate(widths, n)
 
     def draft_seconds(self, rows: int) -> float:
@@ -161,7 +167,7 @@ class GammaController:
             return 0, False  # measure a plain step of this batch size
         widths = self._widths(rows)
         if len(widths) < 2:
-            other = self._nearest(rows, [size for size in self._verify if self._shaped(size)])
+            other = self._borrowed(rows)
             if other is None:
                 return self._first_probe(rows), True
             widths = self._widths(other)
@@ -192,9 +198,7 @@ class GammaController:
         batch size's)."""
         if largest is None:
             largest = math.ceil(max(self._widths(rows), default=1) - 1)
-        t_draft, widths = self.draft_seconds(rows), self._widths(rows)
-        other = (self._nearest(rows, [size for size in self._verify if self._shaped(size)])
-                 if len(widths) < 2 and 1 in widths else None)  # as verify_seconds borrows
+        t_draft, widths, other = self.draft_seconds(rows), self._widths(rows), self._borrowed(rows)
         scale, shape = (widths[1] / self._verify[other][1], self._widths(other)) if other is not None else (1.0, widths)
         best, best_rate, tokens, chance = 0, 1.0 / self.verify_seconds(1, rows), 1.0, 1.0
         for gamma in range(1, min(self.max_num_draft_tokens, largest + 2) + 1):

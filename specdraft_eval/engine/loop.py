@@ -110,8 +110,8 @@ class _Row:
     new: list[int] = field(default_factory=list)
     stats: GenerationStats = field(default_factory=GenerationStats)
     behind: bool = True  # its draft has not read every token but the last: before its first draft, after γ = 0
-    drafted: bool = False  # it has drafted before: catching up now is the cost of returning from γ = 0
-    read: int = 0  # tokens of prompt + new its draft had when it last drafted (what catching up skips)
+    read: int = 0  # tokens of prompt + new when it last drafted (0: never, so catching up is its prompt's prefill,
+    # not the cost of returning from γ = 0); the tokens since are what catching up reads
 
 
 def _steps(target_model: Module, cache: BatchCache, rows: list[_Row], drafters: BatchDrafter, params: DecodeParams,
@@ -132,15 +132,16 @@ def _steps(target_model: Module, cache: BatchCache, rows: list[_Row], drafters: 
         budgets = ([gamma if row.new else 0 for row, gamma in planned] if steps_as_vllm  # (RunSettings.steps_as_vllm)
                    else [min(gamma, max_new_tokens - len(row.new) - 1) for row, gamma in planned])
         behind = [i for i, (row, budget) in enumerate(zip(rows, budgets, strict=True)) if budget > 0 and row.behind]
-        catching_up, returning = 0.0, all(rows[i].drafted for i in behind)  # (not a prompt's prefill)
+        catching_up, returning = 0.0, all(rows[i].read for i in behind)  # (not a prompt's prefill)
         if behind:
             start = clock(device)
             for i, read in zip(behind, drafters.ingest(tokens, behind), strict=True):
                 rows[i].stats.draft_prefill_tokens += read
             catching_up = clock(device) - start
         for row, budget, row_tokens in zip(rows, budgets, tokens, strict=True):
-            row.behind, row.drafted = budget <= 0, row.drafted or budget > 0
-            row.read = len(row_tokens) if budget > 0 else row.read
+            row.behind = budget <= 0
+            if budget > 0:
+                row.read = len(row_tokens)
         proposals = drafters.propose(tokens, budgets, [row.sampler for row in rows])
         t1 = clock(device)
         verdicts = verify_step(target_model, cache, tokens, proposals, [row.sampler for row in rows])

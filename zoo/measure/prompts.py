@@ -42,3 +42,13 @@ def check_positive(**counts: int) -> None:
     for name, value in counts.items():
         if value < 1:
             raise SpecdecError(f"--{name.replace('_', '-')} {value} must be >= 1")
+
+
+def batch_prompts(task: str, rows: int) -> list[str]:
+    """The first ``rows`` prompts of bundled ``task``, for one batch of that many rows (a one-line error naming
+    ``--batch-size`` if it holds fewer)."""
+    check_positive(batch_size=rows)
+    texts = load_prompts(task, None, rows)
+    if len(texts) < rows:
+        raise SpecdecError(f"--batch-size {rows}: {task} holds {len(texts)} prompts; give at most that")
+    return texts
